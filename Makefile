@@ -1,0 +1,43 @@
+# Every target sets up .venv on first use, so a fresh clone needs only `make quick` or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch 2.13.0 CPU is the build the loopback machines carry; override for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= mpi,mpi-wheel,plot,test
+NP ?= 4
+BACKEND ?=
+ARGS ?=
+# Open MPI refuses root and more ranks than cores unless told.
+MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
+
+.PHONY: install quick collectives test list bench-overhead clean
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+# Standard suites: on the loopback they start $(NP) local ranks; under mpirun/srun/torchrun
+# (e.g. `srun make collectives NP=`) they join the launch instead.
+quick: install
+	$(PY) -m commbench run quick $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+collectives: install
+	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+list: install
+	$(PY) -m commbench list
+
+# Harness overhead: commbench's 8 B all_reduce p50 next to a bare mpi4py loop, 2 ranks.
+bench-overhead: install
+	$(VENV)/bin/mpirun $(MPIRUN_FLAGS) -np 2 $(PY) tools/bench_overhead.py
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,8 @@
+__version__ = "0.1.0"
+
+
+def load(paths):
+    """Load one or many result directories into a pandas DataFrame."""
+    from .results import load as _load
+
+    return _load(paths)

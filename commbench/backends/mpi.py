@@ -1,0 +1,187 @@
+"""mpi4py backend: numpy buffers on CPU, cupy buffers on CUDA when the MPI is CUDA-aware."""
+from __future__ import annotations
+
+import functools
+import mmap
+
+import numpy as np
+
+from ..errors import UsageError
+from .base import Comm, Handle
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
+              "float64": np.float64, "uint8": np.uint8}
+
+
+def aligned_empty(count: int, dtype) -> np.ndarray:
+    """A page-aligned host array, as OSU and nccl-tests allocate: an anonymous mmap starts
+    on a page. Open MPI's shared-memory path ran a 64 KiB all_reduce in ~21 us from
+    page-aligned buffers against ~60 us from malloc'd ones on the 2-core loopback."""
+    nbytes = count * np.dtype(dtype).itemsize
+    region = mmap.mmap(-1, max(nbytes, 1))
+    return np.frombuffer(region, dtype=dtype, count=count)
+
+
+class MpiComm(Comm):
+    backend = "mpi"
+
+    def __init__(self, comm, device: str):
+        from mpi4py import MPI
+
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.MPI = MPI
+        self.c = comm
+        self.device = device
+        if device == "cuda":
+            import cupy
+
+            self.xp = cupy
+            self.timing_method = "host_clock_device_sync"
+        else:
+            self.xp = None
+
+    # --- memory -----------------------------------------------------------------
+    def alloc(self, count, dtype):
+        if dtype not in _NP_DTYPES:
+            raise UsageError(f"dtype {dtype} is not supported by backend mpi")
+        if self.xp is not None:
+            return self.xp.empty(count, dtype=_NP_DTYPES[dtype])
+        return aligned_empty(count, _NP_DTYPES[dtype])
+
+    def fill(self, buf, values):
+        if self.xp is not None:
+            buf[...] = self.xp.asarray(values, dtype=buf.dtype)
+        else:
+            buf[...] = values
+
+    def to_numpy(self, buf):
+        out = buf.get() if self.xp is not None else np.array(buf)
+        return out.astype(np.float64)
+
+    def _spec(self, buf, count=None):
+        """A pre-built buffer spec: mpi4py then skips re-deriving the datatype and
+        re-wrapping the buffer on every call (about 0.15 us of an 8 B all_reduce)."""
+        mpitype = self.MPI._typedict[buf.dtype.char]
+        data = buf if self.xp is not None else self.MPI.buffer(buf)
+        return [data, buf.size if count is None else count, mpitype]
+
+    def _vspec(self, buf, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        data = buf if self.xp is not None else self.MPI.buffer(buf)
+        return [data, (counts.tolist(), displs.tolist()), self.MPI._typedict[buf.dtype.char]]
+
+    def _wrap(self, op):
+        if self.xp is None:
+            return op
+        stream = self.xp.cuda.get_current_stream()
+
+        def synced():
+            op()
+            stream.synchronize()
+        return synced
+
+    # --- prepared operations ----------------------------------------------------
+    def all_reduce(self, send, recv):
+        return self._wrap(functools.partial(self.c.Allreduce, self._spec(send), self._spec(recv), self.MPI.SUM))
+
+    def reduce_scatter(self, send, recv):
+        return self._wrap(functools.partial(self.c.Reduce_scatter_block, self._spec(send, recv.size),
+                                            self._spec(recv), self.MPI.SUM))
+
+    def all_gather(self, send, recv):
+        return self._wrap(functools.partial(self.c.Allgather, self._spec(send), self._spec(recv, send.size)))
+
+    def all_to_all(self, send, recv, send_counts=None, recv_counts=None):
+        if send_counts is None and recv_counts is None:
+            chunk = send.size // self.size
+            return self._wrap(functools.partial(self.c.Alltoall, self._spec(send, chunk), self._spec(recv, chunk)))
+        return self._wrap(functools.partial(self.c.Alltoallv, self._vspec(send, send_counts),
+                                            self._vspec(recv, recv_counts)))
+
+    def broadcast(self, buf, root):
+        return self._wrap(functools.partial(self.c.Bcast, self._spec(buf), root))
+
+    def send_recv(self, send, recv, peer):
+        return self._wrap(functools.partial(self.c.Sendrecv, self._spec(send), peer, 0,
+                                            self._spec(recv), peer, 0))
+
+    def barrier_op(self):
+        return self.c.Barrier
+
+    def iall_reduce(self, send, recv):
+        req = self.c.Iallreduce(self._spec(send), self._spec(recv), self.MPI.SUM)
+        return Handle(req.Wait, req.Test)
+
+    def iall_to_all(self, send, recv, send_counts=None, recv_counts=None):
+        if send_counts is None and recv_counts is None:
+            chunk = send.size // self.size
+            req = self.c.Ialltoall(self._spec(send, chunk), self._spec(recv, chunk))
+        else:
+            req = self.c.Ialltoallv(self._vspec(send, send_counts), self._vspec(recv, recv_counts))
+        return Handle(req.Wait, req.Test)
+
+    # --- control ----------------------------------------------------------------
+    def sync(self):
+        if self.xp is not None:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def idle_barrier(self):
+        import time
+
+        req = self.c.Ibarrier()
+        while not req.Test():
+            time.sleep(0.0005)
+
+    def max_over_ranks(self, values):
+        out = np.array(values, dtype=np.float64)
+        self.c.Allreduce(self.MPI.IN_PLACE, out, self.MPI.MAX)
+        return out
+
+    def allgather_obj(self, obj):
+        return self.c.allgather(obj)
+
+
+class MpiBackend:
+    def __init__(self, name: str, device: str | None):
+        self.name = name
+        self.device = device or "cpu"
+        if self.device not in ("cpu", "cuda"):
+            raise UsageError(f"backend mpi: unknown device {self.device!r} (cpu or cuda)")
+
+    def init(self, launch) -> MpiComm:
+        from mpi4py import MPI
+
+        if self.device == "cuda":
+            try:
+                import cupy
+            except ImportError:
+                raise UsageError("backend mpi with device cuda needs cupy (pip install cupy-cuda12x)") from None
+            cupy.cuda.Device(launch.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+        self.world = MpiComm(MPI.COMM_WORLD, self.device)
+        return self.world
+
+    def split(self, n: int) -> MpiComm | None:
+        """Sub-communicator of ranks 0..n-1 (collective over the world); None outside it."""
+        MPI = self.world.MPI
+        if n == self.world.size:
+            return self.world
+        color = 0 if self.world.rank < n else MPI.UNDEFINED
+        sub = self.world.c.Split(color, self.world.rank)
+        return None if sub == MPI.COMM_NULL else MpiComm(sub, self.device)
+
+    def versions(self) -> dict:
+        from mpi4py import MPI
+        import mpi4py
+
+        return {"mpi4py": mpi4py.__version__, "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
+
+    def gpu_names(self) -> list[str]:
+        if self.device != "cuda":
+            return []
+        import cupy
+
+        return [cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()]
+
+    def finalize(self) -> None:
+        pass

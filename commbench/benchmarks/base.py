@@ -1,0 +1,160 @@
+"""The plug-in contract every benchmark follows (nccl-tests' four functions, in Python).
+
+A benchmark never imports torch or mpi4py: it works through the communicator (`comm`)
+that its backend hands it, whose collective methods return prepared zero-argument
+operations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import UsageError
+from ..units import DTYPE_NBYTES
+
+# Largest integer each dtype holds exactly: check data stays below it so results compare exactly.
+EXACT_INT_LIMIT = {"float32": 1 << 24, "bfloat16": 256, "float16": 2048, "int32": 1 << 31,
+                   "float64": 1 << 53, "uint8": 255}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A benchmark parameter a suite or `--param` may set; a list value makes it a sweep axis."""
+
+    default: Any
+    help: str
+    kind: type = int
+    choices: tuple = ()
+    minimum: float | None = None
+
+    def coerce(self, bench: str, key: str, value):
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if self.kind is int and isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        if self.kind is float and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if self.kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            value = value.lower() in ("true", "1")
+        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
+            raise UsageError(f"{bench}: param {key} must be {self.kind.__name__}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise UsageError(f"{bench}: param {key}={value!r} is not one of {', '.join(map(str, self.choices))}")
+        if self.minimum is not None and value < self.minimum:
+            raise UsageError(f"{bench}: param {key}={value!r} must be >= {self.minimum}")
+        return value
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one operation moves: S as formulas.md defines it for this benchmark, and F."""
+
+    nbytes: int
+    busbw_factor: float
+
+
+@dataclass
+class Point:
+    """One measured point of a sweep."""
+
+    benchmark: str
+    world: int
+    dtype: str
+    nbytes: int
+    params: dict = field(default_factory=dict)
+
+    @property
+    def elem_nbytes(self) -> int:
+        return DTYPE_NBYTES[self.dtype]
+
+    def key(self) -> tuple:
+        return (self.benchmark, self.world, self.dtype, self.nbytes, tuple(sorted(self.params.items())))
+
+
+class Benchmark:
+    """Base class. Subclasses set `name` and implement setup/fill/op/check/traffic."""
+
+    name: str = ""
+    params: dict[str, Param] = {}
+    sized: bool = True  # False: one point per world, nbytes 0 (barrier)
+    checks: bool = True  # False: nothing to verify (barrier); rows say check=skipped
+    min_world: int = 1
+    even_world: bool = False
+
+    def unit_nbytes(self, world: int, elem_nbytes: int, params: dict) -> int:
+        """Granularity of S: a size must be a multiple of this to split evenly."""
+        return elem_nbytes
+
+    def validate(self, point: Point) -> None:
+        """Raise UsageError for a point that cannot run (called before any rank communicates)."""
+
+    def setup(self, comm, point: Point) -> Any:
+        """Allocate once per point; returns the buffers object passed to the others."""
+        raise NotImplementedError
+
+    def fill(self, comm, bufs) -> None:
+        """Write fresh verifiable data."""
+
+    def op(self, comm, bufs) -> Callable[[], None]:
+        """A prepared callable that runs ONE operation."""
+        raise NotImplementedError
+
+    def check(self, comm, bufs) -> bool:
+        """After fill + one op: does this rank hold exactly the expected result?"""
+        return True
+
+    def traffic(self, point: Point) -> Traffic:
+        raise NotImplementedError
+
+    def measure(self, harness, comm, point: Point, bufs) -> list[dict]:
+        """Time the point; returns row fragments. Most benchmarks keep the harness default;
+        a multi-stage one (MoE dispatch/combine) times each stage."""
+        return [harness.time_op(comm, point, self.op(comm, bufs), self.traffic(point))]
+
+
+def pattern(count: int, rank: int, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
+    """Integer-valued check data that identifies its rank and position, small enough that a
+    sum over `world` ranks stays exact in `dtype` (bfloat16 holds integers only up to 256)."""
+    limit = EXACT_INT_LIMIT[dtype]
+    modulus = max(2, min(251, (limit // max(world, 1)) if reduce else limit))
+    idx = np.arange(count, dtype=np.int64)
+    return ((idx * 7 + rank * 13 + salt) % modulus).astype(np.float64)
+
+
+_REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(cls):
+    """Class decorator: add a benchmark to the registry; duplicate names are refused."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"benchmark {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def registry() -> dict[str, Benchmark]:
+    import importlib
+    import os
+
+    from . import collectives  # noqa: F401  (registers on import)
+    # Out-of-tree benchmarks: COMMBENCH_PLUGINS=pkg.module,other.module registers them too.
+    for mod in filter(None, os.environ.get("COMMBENCH_PLUGINS", "").split(",")):
+        try:
+            importlib.import_module(mod.strip())
+        except ImportError as e:
+            raise UsageError(f"COMMBENCH_PLUGINS: cannot import {mod!r}: {e}") from None
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Benchmark:
+    reg = registry()
+    if name not in reg:
+        raise UsageError(f"unknown benchmark {name!r} (known: {', '.join(sorted(reg))})")
+    return reg[name]

