@@ -11,7 +11,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives test list bench-overhead clean
+.PHONY: install quick collectives moe moe-decode moe-skew test list bench-overhead clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,15 @@ quick: install
 
 collectives: install
 	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# MoE suites. On the loopback (NP set) the training shape runs with fewer tokens per rank so
+# it finishes in minutes on 2 cores; on a cluster (NP= under srun/mpirun) the full shape runs.
+MOE_LOOPBACK_TOKENS ?= 1024
+moe: install
+	$(PY) -m commbench run moe $(if $(NP),--np $(NP) --param moe.tokens=$(MOE_LOOPBACK_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+moe-decode moe-skew: install
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 list: install
 	$(PY) -m commbench list

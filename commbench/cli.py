@@ -106,6 +106,12 @@ def cmd_run(args, argv: list[str]) -> int:
     backend = backends.check_name(cfg.backend or backends.default_backend())
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    from .benchmarks import get
+
+    if backend == "nccl" or args.device == "cuda":
+        gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
+        if gpu_less:
+            raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
     info = launch.detect()
     if args.np is not None:
         if args.np < 1:

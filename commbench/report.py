@@ -30,7 +30,7 @@ def _console():
     from rich.console import Console
 
     tty = stdout_is_tty()
-    return Console(force_terminal=tty, no_color=not tty, width=160 if not tty else None, highlight=False)
+    return Console(force_terminal=tty, no_color=not tty, width=240 if not tty else None, highlight=False)
 
 
 def _params_text(p) -> str:
@@ -55,6 +55,9 @@ def print_tables(rows, console=None) -> None:
     for r in rows:
         by_bench.setdefault(r["benchmark"], []).append(r)
     for bench, rs in by_bench.items():
+        if bench == "moe":
+            console.print(moe_table(rs, plain))
+            continue
         show_params = len({_params_text(r.get("params")) for r in rs}) > 1
         show_stage = any(r.get("stage") for r in rs)
         show_run = len({r.get("run") for r in rs}) > 1
@@ -89,3 +92,41 @@ def report_runs(paths) -> None:
         print("no rows")
         return
     print_tables(df)
+
+
+def _moe_params(p) -> str:
+    if isinstance(p, str):
+        p = json.loads(p)
+    p = p or {}
+    skew = {"zipf": f" a={p.get('alpha')}", "hot_rank": f" r={p.get('ratio')}",
+            "group_limited": f" M={p.get('max_groups')}"}.get(p.get("routing"), "")
+    return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
+            f"{p.get('copies')} {p.get('routing')}{skew}")
+
+
+def moe_table(rs, plain: bool):
+    """Dispatch and combine side by side with the three byte counts and the stages."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]", box=box.ASCII if plain else box.SIMPLE_HEAD,
+              caption="GB/s = the most loaded rank's bytes / slowest-rank p50. logical: rows received incl. "
+                      "from itself (DeepEP); remote: from other ranks; up/out: from the same / other nodes. "
+                      "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank")
+    show_run = len({r.get("run") for r in rs}) > 1
+    cols = (["run"] if show_run else []) + ["world", "shape", "stage", "dtype", "p50 (us)", "p99 (us)", "max (us)",
+                                            "logical", "remote", "scale-up", "scale-out", "load (hot)",
+                                            "stages (us)", "outside a2a", "check"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("run", "shape", "stage", "dtype", "stages (us)", "check") else "right",
+                     no_wrap=True)
+    for r in rs:
+        stages = " ".join(f"{k[9:]}={r[k]:.0f}" for k in r if k.startswith("stage_us_") and r[k] == r[k])
+        cells = ([str(r.get("run"))] if show_run else []) + [
+            str(r["world"]), _moe_params(r.get("params")), str(r.get("stage")), str(r["dtype"]),
+            f"{r['time_us_p50']:.1f}", f"{r['time_us_p99']:.1f}", f"{r['time_us_max']:.1f}",
+            f"{r['logical_gbps']:.2f}", f"{r['remote_gbps']:.2f}", f"{r['scaleup_gbps']:.2f}",
+            f"{r['scaleout_gbps']:.2f}", f"{r['load_max_over_mean']:.2f} (r{int(r['hottest_rank'])})",
+            stages, f"{r['outside_a2a_pct']:.0f}%", str(r["check"])]
+        t.add_row(*cells)
+    return t

@@ -80,13 +80,14 @@ class Progress:
         self.done += 1
         if not self.enabled:
             return
-        desc = f"{point.benchmark} w{point.world} {point.dtype} {point.nbytes}B"
+        desc = f"{point.benchmark} w{point.world} " + (
+            " ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else f"{point.dtype} {point.nbytes}B")
         if self.tty:
             self.bar.update(self.task, advance=1, description=desc)
         else:
-            r = rows[0]
-            print(f"[{self.done}/{self.total}] {desc} p50 {r['time_us_p50']:.2f} us "
-                  f"busbw {r['busbw_gbps']:.3f} GB/s check {r['check']}", flush=True)
+            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us busbw {r['busbw_gbps']:.3f} GB/s"
+                             for r in rows)
+            print(f"[{self.done}/{self.total}] {desc}: {figs}; check {rows[0]['check']}", flush=True)
 
     def close(self):
         if self.tty:
@@ -104,12 +105,13 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     world = backend.init(info)
     is_root = world.rank == 0
     hosts = world.allgather_obj(socket.gethostname())
+    nodes = node_ids(hosts, ranks_per_node)
     writer = None
     if is_root:
         meta = base_meta(argv)
         meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": backend_name,
                      "device": backend.device, "world": world.size, "launcher": info.launcher,
-                     "hosts": hosts, "nodes": node_ids(hosts, ranks_per_node), "ranks_per_node": ranks_per_node,
+                     "hosts": hosts, "nodes": nodes, "ranks_per_node": ranks_per_node,
                      "gpus": backend.gpu_names(), "points": len(points)})
         meta["versions"].update(backend.versions())
         writer = RunWriter(out_dir, meta)
@@ -121,6 +123,8 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     try:
         for w in sorted({p.world for p in points}):
             comm = backend.split(w)
+            if comm is not None:
+                comm.node_of_rank = nodes[:w]  # for per-tier (scale-up / scale-out) accounting
             for point in (p for p in points if p.world == w):
                 if comm is None:
                     continue

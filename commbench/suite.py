@@ -199,7 +199,14 @@ def _param_grid(bench, raw: dict) -> list[dict]:
         if not values:
             raise UsageError(f"{bench.name}: param {key} is an empty sweep")
         axes.append([(key, spec.coerce(bench.name, key, v)) for v in values])
-    return [dict(combo) for combo in itertools.product(*axes)]
+    out, seen = [], set()
+    for combo in itertools.product(*axes):
+        params = bench.canonical_params(dict(combo))
+        key = tuple(sorted(params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(params)
+    return out
 
 
 def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list, list[str]]:

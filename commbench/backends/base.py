@@ -50,6 +50,10 @@ class Comm:
     def to_numpy(self, buf) -> np.ndarray:
         raise NotImplementedError
 
+    def host_view(self, buf) -> np.ndarray:
+        """A numpy view sharing a CPU buffer's memory (no copy), for host-side packing."""
+        raise NotImplementedError
+
     # --- prepared operations ----------------------------------------------------
     def all_reduce(self, send, recv) -> Op: raise NotImplementedError
     def reduce_scatter(self, send, recv) -> Op: raise NotImplementedError

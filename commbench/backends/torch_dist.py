@@ -40,6 +40,11 @@ class TorchComm(Comm):
     def to_numpy(self, buf):
         return buf.detach().to("cpu", self.torch.float64).numpy()
 
+    def host_view(self, buf):
+        if self.device != "cpu":
+            raise UsageError("host_view needs CPU buffers")
+        return buf.numpy()
+
     # --- prepared operations ----------------------------------------------------
     def all_reduce(self, send, recv):
         # torch has no out-of-place all_reduce: reduce recv in place (benchmarks fill it

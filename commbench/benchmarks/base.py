@@ -85,10 +85,16 @@ class Benchmark:
     checks: bool = True  # False: nothing to verify (barrier); rows say check=skipped
     min_world: int = 1
     even_world: bool = False
+    cpu_only: bool = False  # host-side numpy work on the buffers: CPU backends only
 
     def unit_nbytes(self, world: int, elem_nbytes: int, params: dict) -> int:
         """Granularity of S: a size must be a multiple of this to split evenly."""
         return elem_nbytes
+
+    def canonical_params(self, params: dict) -> dict:
+        """Params with those that do not apply reset to defaults, so a cartesian sweep
+        does not measure the same point twice."""
+        return params
 
     def validate(self, point: Point) -> None:
         """Raise UsageError for a point that cannot run (called before any rank communicates)."""
@@ -143,7 +149,7 @@ def registry() -> dict[str, Benchmark]:
     import importlib
     import os
 
-    from . import collectives  # noqa: F401  (registers on import)
+    from . import collectives, moe  # noqa: F401  (register on import)
     # Out-of-tree benchmarks: COMMBENCH_PLUGINS=pkg.module,other.module registers them too.
     for mod in filter(None, os.environ.get("COMMBENCH_PLUGINS", "").split(",")):
         try:

@@ -1,0 +1,378 @@
+"""MoE expert-parallel dispatch and combine (DeepSeek-V3 shape by default).
+
+Each rank holds `tokens` tokens of `hidden` elements; a seeded router picks `topk` of
+`experts` experts per token; experts are spread evenly over the ranks. Dispatch sends each
+token's activations to the ranks hosting its experts; combine sends the expert outputs back
+and reduces them at the source. Both are timed separately, with their stages:
+
+  dispatch: layout (routing -> per-rank counts and row order), counts (all_to_all of the
+            counts), pack (gather rows into send order), a2a (the all_to_all itself),
+            unpack (expert copies: regroup received rows by local expert, Megatron's
+            sort_chunks_by_idxs; rank copies arrive grouped by source, as DeepEP returns
+            them, so there is nothing to unpack)
+  combine:  pack (expert copies: back to source order), a2a, reduce (bf16 -> fp32,
+            weighted sum into each source token)
+
+Payloads travel as raw bytes (uint8): fp8 is H + H/32 bytes a token (e4m3 plus one fp32
+scale per 128 elements), bf16 2H; no backend here has an fp8 type and none needs one,
+since dispatch does no arithmetic. Rows say so in `payload_carried_as`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .. import moe as M
+from ..errors import UsageError
+from .base import Benchmark, Param, Traffic, register
+
+DISPATCH_STAGES = ("layout", "counts", "pack", "a2a", "unpack")
+COMBINE_STAGES = ("pack", "a2a", "reduce")
+HEADER = 8  # bytes at the start of each dispatched row: int32 source rank, int32 token index
+
+
+def _bf16(values_f32: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16) by truncation; exact for the small integers used."""
+    return (np.ascontiguousarray(values_f32, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _from_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def token_value(src: np.ndarray | int, token: np.ndarray) -> np.ndarray:
+    """The scalar each token carries through the identity experts: a small integer (exact
+    in bf16) that differs by source rank and token."""
+    return (1 + (np.asarray(src, dtype=np.int64) * 31 + np.asarray(token, dtype=np.int64)) % 61).astype(np.float32)
+
+
+def make_x(rank: int, tokens: int, row_nbytes: int) -> np.ndarray:
+    """Dispatch input (tokens, row_nbytes) uint8: a header naming (rank, token), then bytes
+    that depend on both, so any misplaced or torn row shows."""
+    t = np.arange(tokens, dtype=np.int64)
+    body = (np.arange(row_nbytes, dtype=np.int64)[None, :] + t[:, None] * 7 + rank * 13) % 251
+    x = body.astype(np.uint8)
+    hdr = np.stack([np.full(tokens, rank, np.int32), t.astype(np.int32)], axis=1)
+    x[:, :HEADER] = hdr.view(np.uint8).reshape(tokens, HEADER)
+    return x
+
+
+def send_order(layout: M.Layout) -> M.Layout:
+    """Expert copies are sent sorted by expert (Megatron's permute), so each destination's
+    chunk is grouped by local expert and the receiver regroups with counts alone."""
+    if layout.copies != "expert":
+        return layout
+    perm = np.argsort(layout.send_expert, kind="stable")
+    return replace(layout, send_token_idx=layout.send_token_idx[perm], send_expert=layout.send_expert[perm],
+                   send_weight=layout.send_weight[perm])
+
+
+def regroup_perm(counts_src_expert: np.ndarray) -> np.ndarray:
+    """Received rows are ordered (source, local expert); the permutation that orders them
+    (local expert, source): out[j] = in[perm[j]]."""
+    m = np.asarray(counts_src_expert, dtype=np.int64)
+    world, local = m.shape
+    lens = m.ravel()
+    starts = np.cumsum(lens) - lens
+    order = np.arange(world * local).reshape(world, local).T.ravel()
+    lens_t, starts_t = lens[order], starts[order]
+    total = int(lens.sum())
+    begin_t = np.cumsum(lens_t) - lens_t
+    return np.repeat(starts_t - begin_t, lens_t) + np.arange(total, dtype=np.int64)
+
+
+def reduce_bf16_rows(bits: np.ndarray, layout: M.Layout, tokens: int, weighted: bool,
+                     chunk_rows: int = 256) -> np.ndarray:
+    """Combine's source-side reduction straight from bf16 rows (uint16 bits, send order):
+    same result as moe.combine_reduce. The rows holding each token's c-th copy name every
+    token once, so each pass is a duplicate-free `out[tok] += rows`; rows are widened to
+    fp32 in small chunks through one scratch buffer, because widening all rows at once
+    costs a 400 MB temporary (and its page faults) at DeepSeek-V3 size."""
+    out = np.zeros((tokens, bits.shape[1]), np.float32)
+    idx, w = layout.send_token_idx, layout.send_weight
+    copy_no = M.layout.copy_number(layout)
+    scratch = np.empty((chunk_rows, bits.shape[1]), np.uint32)
+    for c in range(int(copy_no.max()) + 1 if copy_no.size else 0):
+        rows_c = np.flatnonzero(copy_no == c)
+        for s in range(0, rows_c.size, chunk_rows):
+            r = rows_c[s:s + chunk_rows]
+            buf = scratch[:r.size]
+            buf[...] = np.take(bits, r, axis=0, mode="clip")  # mode="clip": see the pack stage
+            buf <<= 16
+            vals = buf.view(np.float32)
+            if weighted:
+                vals *= w[r, None]
+            out[idx[r]] += vals
+    return out
+
+
+@dataclass
+class MoEBufs:
+    point: object
+    routing_for: object
+    topk: np.ndarray
+    weights: np.ndarray
+    layout: M.Layout          # this rank's, in send order
+    matrix: np.ndarray        # rows sent [src, dst], every rank's routing regenerated
+    local: int                # counts exchanged per destination (local experts, or 1)
+    rb_d: int                 # dispatch bytes a row
+    rb_c: int                 # combine bytes a row
+    x: np.ndarray
+    send_d: object
+    recv_d: object
+    send_c: object
+    recv_c: object
+    counts_send: object
+    counts_recv: object
+    expert_in: np.ndarray | None
+    expert_out: np.ndarray | None
+    out: np.ndarray | None = None
+    counts_ok: bool = True
+    stage_t: np.ndarray | None = None
+
+
+@register
+class MoE(Benchmark):
+    """Expert-parallel dispatch + combine, DeepSeek-V3 shape by default."""
+
+    name = "moe"
+    sized = False
+    min_world = 1
+    cpu_only = True
+    params = {
+        "tokens": Param(4096, "tokens per rank", int, minimum=1),
+        "hidden": Param(7168, "hidden size H", int, minimum=1),
+        "experts": Param(256, "routed experts E", int, minimum=1),
+        "topk": Param(8, "experts per token K", int, minimum=1),
+        "dispatch_dtype": Param("fp8", "fp8 (H + H/32 bytes) or bf16 (2H)", str, choices=("fp8", "bf16")),
+        "combine_dtype": Param("bf16", "combine payload", str, choices=("bf16",)),
+        "copies": Param("rank", "rank: one copy per destination rank (DeepEP normal); "
+                        "expert: one per (token, expert) (Megatron all-to-all)", str, choices=("rank", "expert")),
+        "routing": Param("uniform", "uniform, balanced, zipf, hot_rank, group_limited", str,
+                         choices=tuple(M.ROUTINGS)),
+        "alpha": Param(1.0, "zipf exponent (skew)", float, minimum=0.0),
+        "ratio": Param(2.0, "hot_rank: the hot rank's experts are this many times as likely", float, minimum=1.0),
+        "max_groups": Param(4, "group_limited: groups a token may reach (M)", int, minimum=1),
+        "groups": Param(0, "group_limited: expert groups (0: one per rank)", int, minimum=0),
+        "seed": Param(0, "routing seed", int, minimum=0),
+    }
+
+    # --- pure helpers -----------------------------------------------------------
+    @staticmethod
+    def routing_params(p: dict, world: int) -> dict:
+        """The chosen routing's own parameters (the others' are ignored)."""
+        own = {"zipf": {"alpha": p["alpha"]}, "hot_rank": {"ratio": p["ratio"]},
+               "group_limited": {"groups": p["groups"] or world, "max_groups": p["max_groups"]}}
+        return own.get(p["routing"], {})
+
+    def canonical_params(self, params):
+        own = {"zipf": ("alpha",), "hot_rank": ("ratio",), "group_limited": ("max_groups", "groups")}
+        keep = own.get(params["routing"], ())
+        return {k: (v if k not in ("alpha", "ratio", "max_groups", "groups") or k in keep else self.params[k].default)
+                for k, v in params.items()}
+
+    def routing_for(self, p: dict, world: int):
+        own = self.routing_params(p, world)
+
+        def make(rank: int) -> M.Routing:
+            return M.make_routing(p["routing"], num_tokens=p["tokens"], num_experts=p["experts"], top_k=p["topk"],
+                                  rank=rank, world=world, seed=p["seed"], **own)
+        return make
+
+    def validate(self, point):
+        p, world = point.params, point.world
+        try:
+            own = self.routing_params(p, world)
+            M.validate_routing_params(p["routing"], own, p["experts"], p["topk"], world, p["tokens"])
+            M.token_bytes(p["hidden"], p["dispatch_dtype"])
+        except ValueError as e:
+            raise UsageError(f"moe: {e}") from None
+        if p["hidden"] * 2 < HEADER:
+            raise UsageError(f"moe: hidden {p['hidden']} is too small to carry a row header")
+
+    def traffic(self, point):
+        return Traffic(0, (point.world - 1) / point.world)
+
+    # --- setup ------------------------------------------------------------------
+    def setup(self, comm, point):
+        p, world, rank = point.params, comm.size, comm.rank
+        routing_for = self.routing_for(p, world)
+        r = routing_for(rank)
+        layout = send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
+        matrix = M.global_layout(routing_for, p["experts"], world, p["copies"])
+        local = p["experts"] // world if p["copies"] == "expert" else 1
+        rb_d, rb_c = M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16")
+        n_send, n_recv = layout.num_rows, int(matrix[:, rank].sum())
+        expert = p["copies"] == "expert"
+        return MoEBufs(
+            point, routing_for, r.topk_idx, r.weights, layout, matrix, local, rb_d, rb_c,
+            make_x(rank, p["tokens"], rb_d),
+            comm.alloc(n_send * rb_d, "uint8"), comm.alloc(n_recv * rb_d, "uint8"),
+            comm.alloc(n_recv * rb_c, "uint8"), comm.alloc(n_send * rb_c, "uint8"),
+            comm.alloc(world * local, "int32"), comm.alloc(world * local, "int32"),
+            np.empty((n_recv, rb_d), np.uint8) if expert else None,
+            np.empty((n_recv, rb_c), np.uint8) if expert else None,
+        )
+
+    def fill(self, comm, b):
+        comm.host_view(b.recv_d)[:] = 0
+        comm.host_view(b.recv_c)[:] = 0
+
+    # --- the operations ---------------------------------------------------------
+    def dispatch(self, comm, b, st=None):
+        clock = time.perf_counter
+        p, world = b.point.params, comm.size
+        t0 = clock()
+        lay = send_order(M.dispatch_layout(b.topk, p["experts"], world, p["copies"], weights=b.weights))
+        cs = comm.host_view(b.counts_send)
+        cs[:] = lay.tokens_per_expert if p["copies"] == "expert" else lay.send_counts
+        t1 = clock()
+        comm.all_to_all(b.counts_send, b.counts_recv)()
+        per = comm.host_view(b.counts_recv).reshape(world, b.local).astype(np.int64)
+        recv_counts = per.sum(axis=1)
+        t2 = clock()
+        send = comm.host_view(b.send_d).reshape(-1, b.rb_d)
+        # mode="clip": with the default mode="raise", take() into an out= buffer goes through
+        # a temporary copy (4x slower for the 100 MB gather here); indices are valid by construction.
+        np.take(b.x, lay.send_token_idx, axis=0, out=send, mode="clip")
+        t3 = clock()
+        comm.all_to_all(b.send_d, b.recv_d, lay.send_counts * b.rb_d, recv_counts * b.rb_d)()
+        t4 = clock()
+        if b.expert_in is not None:
+            recv = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
+            np.take(recv, regroup_perm(per), axis=0, out=b.expert_in, mode="clip")
+        t5 = clock()
+        if st is not None:
+            st[:] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+        b.counts_ok = np.array_equal(recv_counts, b.matrix[:, comm.rank])
+        return per
+
+    def experts(self, comm, b, per):
+        """Identity experts (untimed): each output row is its input token's value in bf16,
+        read from the header the row arrived with."""
+        rows_in = b.expert_in if b.expert_in is not None else comm.host_view(b.recv_d).reshape(-1, b.rb_d)
+        hdr = np.ascontiguousarray(rows_in[:, :HEADER]).view(np.int32)
+        vals = _bf16(token_value(hdr[:, 0], hdr[:, 1]))
+        out = b.expert_out if b.expert_out is not None else comm.host_view(b.send_c).reshape(-1, b.rb_c)
+        out.view(np.uint16)[:] = vals[:, None]
+        if b.expert_out is not None:
+            b.inv_perm = np.argsort(regroup_perm(per), kind="stable")
+
+    def combine(self, comm, b, st=None):
+        clock = time.perf_counter
+        t0 = clock()
+        if b.expert_out is not None:
+            np.take(b.expert_out, b.inv_perm, axis=0, out=comm.host_view(b.send_c).reshape(-1, b.rb_c), mode="clip")
+        t1 = clock()
+        lay = b.layout
+        comm.all_to_all(b.send_c, b.recv_c, b.matrix[:, comm.rank] * b.rb_c, lay.send_counts * b.rb_c)()
+        t2 = clock()
+        back = comm.host_view(b.recv_c).view(np.uint16).reshape(lay.num_rows, -1)
+        b.out = reduce_bf16_rows(back, lay, b.point.params["tokens"], weighted=lay.copies == "expert")
+        t3 = clock()
+        if st is not None:
+            st[:] = (t1 - t0, t2 - t1, t3 - t2)
+
+    def op(self, comm, b):
+        def round_trip():
+            per = self.dispatch(comm, b)
+            self.experts(comm, b, per)
+            self.combine(comm, b)
+        return round_trip
+
+    # --- correctness --------------------------------------------------------------
+    def check(self, comm, b):
+        p, world, me = b.point.params, comm.size, comm.rank
+        if not b.counts_ok:
+            return False
+        # Every row I received, in order: grouped by source, each source's rows in its send order.
+        want = []
+        for src in range(world):
+            r = b.routing_for(src)
+            lay = send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
+            off = lay.send_offsets
+            want.append(make_x(src, p["tokens"], b.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
+            if p["copies"] == "expert":  # per-expert counts as exchanged
+                local = p["experts"] // world
+                got = comm.host_view(b.counts_recv).reshape(world, local)[src]
+                if not np.array_equal(got, lay.tokens_per_expert[me * local:(me + 1) * local]):
+                    return False
+        got = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
+        if not np.array_equal(got, np.concatenate(want) if want else got):
+            return False
+        # combine(dispatch(x)) with identity experts: x times the copies (rank), or x times
+        # the sum of its weights (expert, weighted; float32 sums: rtol 1e-5).
+        x = token_value(me, np.arange(p["tokens"]))
+        weighted = p["copies"] == "expert"
+        expect = (x * M.combine_factor(b.layout, weighted)).astype(np.float32)
+        got = b.out
+        if got is None or got.shape[0] != p["tokens"]:
+            return False
+        if weighted:
+            return bool(np.allclose(got, expect[:, None], rtol=1e-5, atol=0))
+        return bool(np.array_equal(got, np.broadcast_to(expect[:, None], got.shape)))
+
+    # --- measurement --------------------------------------------------------------
+    def measure(self, harness, comm, point, b):
+        p, world, me = point.params, comm.size, comm.rank
+        nodes = getattr(comm, "node_of_rank", None)
+        nodes = np.zeros(world, np.int64) if nodes is None else np.asarray(nodes)[:world]
+        recv_counts = b.matrix[:, me]
+        rows = []
+        per = None
+        for stage, names, rb in (("dispatch", DISPATCH_STAGES, b.rb_d), ("combine", COMBINE_STAGES, b.rb_c)):
+            if stage == "combine":
+                self.experts(comm, b, per)
+            fn = self.dispatch if stage == "dispatch" else self.combine
+
+            def timer(op, n, fn=fn, names=names):
+                b.stage_t = np.zeros((n, len(names)))
+                times = np.empty(n)
+                clock = time.perf_counter
+                for i in range(n):
+                    t0 = clock()
+                    fn(comm, b, b.stage_t[i])
+                    times[i] = clock() - t0
+                return times
+
+            # Bytes per rank (dispatch side counts; combine counts them at the expert side,
+            # as DeepEP does), then the most loaded rank's figure.
+            acc = M.dispatch_bytes(b.layout.send_counts, recv_counts, me, nodes, rb)
+            keys = ("logical_nbytes", "remote_nbytes", "scaleup_nbytes", "scaleout_nbytes",
+                    "sent_logical_nbytes", "recv_rows")
+            mine = np.array([acc[k] for k in keys], dtype=np.float64)
+            mx = comm.max_over_ranks(mine)
+            moved = float(comm.max_over_ranks(np.array([max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]))[0])
+            traffic = Traffic(int(moved), (world - 1) / world)
+            frag = harness.time_op(comm, point, None, traffic, stage=stage, timer=timer)
+            st = comm.max_over_ranks(b.stage_t.ravel()).reshape(b.stage_t.shape) * 1e6
+            t_us = frag["time_us_p50"]
+            extra = {f"stage_us_{n}": float(np.median(st[:, i])) for i, n in enumerate(names)}
+            a2a = extra["stage_us_a2a"]
+            extra["outside_a2a_pct"] = 100.0 * max(0.0, t_us - a2a) / t_us if t_us > 0 else 0.0
+            for k, v in zip(keys[:4], mx[:4]):
+                extra[k] = int(v)
+                extra[k.replace("_nbytes", "_gbps")] = v / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+            if stage == "dispatch":
+                per = self._counts_matrix(comm, b)
+            rows.append({**frag, "nbytes": int(moved), "dtype": p[f"{stage}_dtype"], **extra})
+        load = b.matrix.sum(axis=0)
+        imb, hot = M.load_imbalance(load)
+        info = {"load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
+                "recv_rows_mean": float(load.mean()), "payload_carried_as": "uint8",
+                "bandwidth_note": "bytes of the most loaded rank / slowest-rank p50"}
+        if me == 0:
+            try:
+                own = self.routing_params(p, world)
+                exp_imb, exp_hot = M.expected_load_imbalance(p["routing"], p["experts"], p["topk"], world,
+                                                             seed=p["seed"], **own)
+                info["expected_load_max_over_mean"] = float(exp_imb)
+            except (ValueError, TypeError):
+                pass
+        return [{**r, **info} for r in rows]
+
+    def _counts_matrix(self, comm, b):
+        world = comm.size
+        return comm.host_view(b.counts_recv).reshape(world, b.local).astype(np.int64)

@@ -1,0 +1,38 @@
+"""Mixture-of-experts expert-parallel dispatch/combine: routing generators, dispatch
+layouts and byte accounting in plain numpy, shared by the benchmark and its checks."""
+from .accounting import (
+    dispatch_bytes,
+    dispatch_copies_per_token,
+    dispatch_volume_nbytes,
+    expected_dest_ranks,
+    q_at_least_one,
+    token_bytes,
+)
+from .layout import (
+    Layout,
+    combine_expected,
+    combine_factor,
+    combine_reduce,
+    dispatch_layout,
+    global_layout,
+    load_imbalance,
+    recv_counts_from_all,
+)
+from .routing import (
+    ROUTINGS,
+    Routing,
+    expected_load_imbalance,
+    expected_rank_load_share,
+    expert_probabilities,
+    make_routing,
+    validate_routing_params,
+)
+
+__all__ = [
+    "ROUTINGS", "Routing", "make_routing", "validate_routing_params",
+    "expert_probabilities", "expected_rank_load_share", "expected_load_imbalance",
+    "Layout", "dispatch_layout", "recv_counts_from_all", "global_layout",
+    "combine_factor", "combine_expected", "combine_reduce", "load_imbalance",
+    "token_bytes", "dispatch_bytes", "q_at_least_one", "expected_dest_ranks",
+    "dispatch_copies_per_token", "dispatch_volume_nbytes",
+]
