@@ -29,11 +29,11 @@ quick: install
 collectives: install
 	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
-# MoE suites. On the loopback (NP set) the training shape runs with fewer tokens per rank so
-# it finishes in minutes on 2 cores; on a cluster (NP= under srun/mpirun) the full shape runs.
-MOE_LOOPBACK_TOKENS ?= 1024
+# MoE suites, full DeepSeek-V3 shape (about 40 s for `make moe` on the 2-core loopback).
+# MOE_TOKENS scales the tokens per rank down for a slower host.
+MOE_TOKENS ?=
 moe: install
-	$(PY) -m commbench run moe $(if $(NP),--np $(NP) --param moe.tokens=$(MOE_LOOPBACK_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run moe $(if $(NP),--np $(NP)) $(if $(MOE_TOKENS),--param moe.tokens=$(MOE_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 moe-decode moe-skew: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)

@@ -128,13 +128,8 @@ def cmd_run(args, argv: list[str]) -> int:
         if not args.backend:
             child += ["--backend", backend]
         return launch.spawn_local(args.np, backend, child)
-    out = args.out
-    if out is None:
-        if info.world > 1 and info.launcher in ("mpirun", "mpich", "srun", "torchrun"):
-            # Every rank needs the same name; only rank 0 writes, so only its name matters.
-            out = str(new_run_dir(cfg.name))
-        else:
-            out = str(new_run_dir(cfg.name))
+    # Under an external launcher every rank names a directory, but only rank 0 writes one.
+    out = args.out or str(new_run_dir(cfg.name))
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node)
 
 

