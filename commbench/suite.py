@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
@@ -263,6 +263,3 @@ def _sizes_for(bench, world, dtype, params, sizes, cfg, notes) -> list[int]:
         out.append(s)
     return sorted(set(out))
 
-
-def with_overrides(cfg: SuiteConfig, **kw) -> SuiteConfig:
-    return replace(cfg, **kw)

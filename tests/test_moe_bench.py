@@ -74,6 +74,20 @@ def test_mpi_every_routing_both_copies(tmp_path):
     assert set(df["world"]) == {2, 4}
 
 
+@needs_mpi
+def test_bytes_and_bandwidth_match_the_layout(tmp_path):
+    """logical bytes = the most loaded rank's received rows x token bytes; GB/s = bytes / p50."""
+    out, df = _run(tmp_path, "mpi", 4, [])
+    for _, r in df.iterrows():
+        p, w = r["params"], int(r["world"])
+        make = MoE().routing_for(p, w)
+        recv_rows = M.global_layout(make, p["experts"], w, p["copies"]).sum(axis=0)
+        tb = M.token_bytes(p["hidden"], "fp8" if r["stage"] == "dispatch" else "bf16")
+        assert r["logical_nbytes"] == recv_rows.max() * tb
+        assert r["logical_gbps"] == pytest.approx(r["logical_nbytes"] / (r["time_us_p50"] * 1e-6) / 1e9)
+        assert r["load_max_over_mean"] == pytest.approx(recv_rows.max() / recv_rows.mean())
+
+
 @needs_torch
 def test_gloo_every_routing_both_copies(tmp_path):
     out, df = _run(tmp_path, "gloo", 2, ["--param", f"moe.routing={ROUTINGS}", "--param", "moe.copies=rank,expert"])

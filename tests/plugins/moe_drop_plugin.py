@@ -1,6 +1,4 @@
 """MoE variants whose dispatch loses or misroutes a row on rank 1: the check must fail."""
-import numpy as np
-
 from commbench.benchmarks.base import register
 from commbench.benchmarks.moe import MoE
 
