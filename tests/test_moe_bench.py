@@ -28,7 +28,7 @@ def test_reduce_bf16_rows_matches_reference(copies):
     lay = send_order(M.dispatch_layout(r.topk_idx, 32, 4, copies, weights=r.weights))
     rows = np.random.default_rng(0).integers(-8, 8, size=(lay.num_rows, 16)).astype(np.float32)
     weighted = copies == "expert"
-    got = reduce_bf16_rows(_bf16(rows), lay, 200, weighted, chunk_rows=7)
+    got = reduce_bf16_rows(_bf16(rows), lay, 200, weighted, block_tokens=7)
     assert np.allclose(got, M.combine_reduce(rows, lay, 200, weighted), rtol=1e-6)
 
 

@@ -29,6 +29,48 @@ class Handle:
         return bool(self._test()) if self._test else False
 
 
+class RowsExchange:
+    """An all-to-all of table rows picked by index, in three timed steps (MoE dispatch and
+    combine): pack() gathers the rows into send order, run() is the all-to-all call, and
+    unpack() places arrivals. This host version gathers into and scatters out of staging
+    buffers with numpy; a backend that can describe scattered rows to its library (MPI
+    datatypes) overrides it so the library moves rows straight from and to their places.
+
+    src, dst: 2-D uint8 host arrays (rows x row_nbytes). send_rows: rows of src in send
+    order, grouped by destination, send_counts[d] of them for rank d; None: the rows are
+    already in stage_send. recv_rows[j]: the row of dst where the j-th arriving row goes
+    (arrivals grouped by source, recv_counts[s] from rank s); None: they stay in stage_recv.
+    """
+
+    method = "host gather/scatter (numpy) around the all_to_all"
+
+    def __init__(self, comm, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows,
+                 stage_send, stage_recv):
+        self.comm, self.src, self.send_rows, self.dst, self.recv_rows = comm, src, send_rows, dst, recv_rows
+        self.row_nbytes = row_nbytes
+        self.send_counts = np.asarray(send_counts, dtype=np.int64)
+        self.recv_counts = np.asarray(recv_counts, dtype=np.int64)
+        self.stage_send, self.stage_recv = stage_send, stage_recv
+        self._op = None
+
+    def pack(self) -> None:
+        if self.send_rows is not None:
+            send = self.comm.host_view(self.stage_send).reshape(-1, self.row_nbytes)
+            # mode="clip": with the default mode="raise", take() into an out= buffer goes
+            # through a temporary copy (4x slower for a 100 MB gather); indices are valid.
+            np.take(self.src, self.send_rows, axis=0, out=send[:self.send_rows.size], mode="clip")
+        self._op = self.comm.all_to_all(self.stage_send, self.stage_recv, self.send_counts * self.row_nbytes,
+                                        self.recv_counts * self.row_nbytes)
+
+    def run(self) -> None:
+        self._op()
+
+    def unpack(self) -> None:
+        if self.recv_rows is not None:
+            recv = self.comm.host_view(self.stage_recv).reshape(-1, self.row_nbytes)
+            self.dst[self.recv_rows] = recv[:self.recv_rows.size]
+
+
 class Comm:
     """Base communicator: rank, size and the host-clock timing loop."""
 
@@ -62,6 +104,10 @@ class Comm:
     def broadcast(self, buf, root: int) -> Op: raise NotImplementedError
     def send_recv(self, send, recv, peer: int) -> Op: raise NotImplementedError
     def barrier_op(self) -> Op: raise NotImplementedError
+
+    def rows_all_to_all(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows,
+                        stage_send, stage_recv) -> RowsExchange:
+        return RowsExchange(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
     # --- non-blocking -----------------------------------------------------------
     def iall_reduce(self, send, recv) -> Handle: raise NotImplementedError

@@ -83,23 +83,36 @@ def regroup_perm(counts_src_expert: np.ndarray) -> np.ndarray:
     return np.repeat(starts_t - begin_t, lens_t) + np.arange(total, dtype=np.int64)
 
 
+def inverse_perm(perm: np.ndarray) -> np.ndarray:
+    """inv[perm[j]] = j: turns 'out[j] = in[perm[j]]' into 'out[inv[i]] = in[i]'."""
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size, dtype=perm.dtype)
+    return inv
+
+
 def reduce_bf16_rows(bits: np.ndarray, layout: M.Layout, tokens: int, weighted: bool,
-                     chunk_rows: int = 256) -> np.ndarray:
+                     block_tokens: int = 32) -> np.ndarray:
     """Combine's source-side reduction straight from bf16 rows (uint16 bits, send order):
-    same result as moe.combine_reduce. The rows holding each token's c-th copy name every
-    token once, so each pass is a duplicate-free `out[tok] += rows`; rows are widened to
-    fp32 in small chunks through one scratch buffer, because widening all rows at once
-    costs a 400 MB temporary (and its page faults) at DeepSeek-V3 size."""
-    out = np.zeros((tokens, bits.shape[1]), np.float32)
+    same result as moe.combine_reduce. Tokens are reduced a block at a time so the fp32
+    block being summed stays in cache (out is 117 MB at DeepSeek-V3 size; summing copy by
+    copy over all of it took ~1.4x longer), and within a block the c-th copies of its
+    tokens form one duplicate-free `out[tok] += rows`. Rows are widened to fp32 through one
+    small scratch buffer rather than all at once (a 400 MB temporary at full size)."""
     idx, w = layout.send_token_idx, layout.send_weight
-    copy_no = M.layout.copy_number(layout)
-    scratch = np.empty((chunk_rows, bits.shape[1]), np.uint32)
-    for c in range(int(copy_no.max()) + 1 if copy_no.size else 0):
-        rows_c = np.flatnonzero(copy_no == c)
-        for s in range(0, rows_c.size, chunk_rows):
-            r = rows_c[s:s + chunk_rows]
+    out = np.zeros((tokens, bits.shape[1]), np.float32)
+    if idx.size == 0:
+        return out
+    order = np.argsort(idx, kind="stable")               # rows grouped by token
+    starts = np.searchsorted(idx[order], np.arange(tokens + 1))
+    copy_no = np.arange(order.size) - np.repeat(starts[:-1], np.diff(starts))
+    scratch = np.empty((block_tokens, bits.shape[1]), np.uint32)
+    for t0 in range(0, tokens, block_tokens):
+        lo, hi = starts[t0], starts[min(t0 + block_tokens, tokens)]
+        rows, cn = order[lo:hi], copy_no[lo:hi]
+        for c in range(int(cn.max()) + 1 if cn.size else 0):
+            r = rows[cn == c]
             buf = scratch[:r.size]
-            buf[...] = np.take(bits, r, axis=0, mode="clip")  # mode="clip": see the pack stage
+            buf[...] = np.take(bits, r, axis=0, mode="clip")  # indices valid by construction
             buf <<= 16
             vals = buf.view(np.float32)
             if weighted:
@@ -129,7 +142,8 @@ class MoEBufs:
     expert_in: np.ndarray | None
     expert_out: np.ndarray | None
     out: np.ndarray | None = None
-    inv_perm: np.ndarray | None = None
+    recv_rows: np.ndarray | None = None   # expert copies: where each arriving row went
+    pack_method: str = ""
     stage_t: np.ndarray | None = None
 
 
@@ -233,17 +247,18 @@ class MoE(Benchmark):
         per = self._counts_matrix(comm, b)
         recv_counts = per.sum(axis=1)
         t2 = clock()
-        send = comm.host_view(b.send_d).reshape(-1, b.rb_d)
-        # mode="clip": with the default mode="raise", take() into an out= buffer goes through
-        # a temporary copy (4x slower for the 100 MB gather here); indices are valid by construction.
-        np.take(b.x, lay.send_token_idx, axis=0, out=send, mode="clip")
+        # Expert copies land regrouped by local expert (Megatron's sort_chunks_by_idxs):
+        # arrival j goes to row recv_rows[j]; rank copies stay grouped by source (DeepEP).
+        b.recv_rows = inverse_perm(regroup_perm(per)) if b.expert_in is not None else None
+        ex = comm.rows_all_to_all(b.rb_d, b.x, lay.send_token_idx, lay.send_counts, b.expert_in, recv_counts,
+                                  b.recv_rows, b.send_d, b.recv_d)
+        ex.pack()
         t3 = clock()
-        comm.all_to_all(b.send_d, b.recv_d, lay.send_counts * b.rb_d, recv_counts * b.rb_d)()
+        ex.run()
         t4 = clock()
-        if b.expert_in is not None:
-            recv = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
-            np.take(recv, regroup_perm(per), axis=0, out=b.expert_in, mode="clip")
+        ex.unpack()
         t5 = clock()
+        b.pack_method = ex.method
         if st is not None:
             st[:] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
         return per
@@ -256,17 +271,18 @@ class MoE(Benchmark):
         vals = _bf16(token_value(hdr[:, 0], hdr[:, 1]))
         out = b.expert_out if b.expert_out is not None else comm.host_view(b.send_c).reshape(-1, b.rb_c)
         out.view(np.uint16)[:] = vals[:, None]
-        if b.expert_out is not None:
-            b.inv_perm = np.argsort(regroup_perm(per), kind="stable")
 
     def combine(self, comm, b, st=None):
         clock = time.perf_counter
         t0 = clock()
-        if b.expert_out is not None:
-            np.take(b.expert_out, b.inv_perm, axis=0, out=comm.host_view(b.send_c).reshape(-1, b.rb_c), mode="clip")
-        t1 = clock()
         lay = b.layout
-        comm.all_to_all(b.send_c, b.recv_c, b.matrix[:, comm.rank] * b.rb_c, lay.send_counts * b.rb_c)()
+        # Expert copies go back in arrival order: the row that arrived j-th sits at
+        # recv_rows[j] of the expert output.
+        ex = comm.rows_all_to_all(b.rb_c, b.expert_out, b.recv_rows, b.matrix[:, comm.rank], None, lay.send_counts, None,
+                                  b.send_c, b.recv_c)
+        ex.pack()
+        t1 = clock()
+        ex.run()
         t2 = clock()
         back = comm.host_view(b.recv_c).view(np.uint16).reshape(lay.num_rows, -1)
         b.out = reduce_bf16_rows(back, lay, b.point.params["tokens"], weighted=lay.copies == "expert")
@@ -300,6 +316,8 @@ class MoE(Benchmark):
                 if not np.array_equal(got, lay.tokens_per_expert[me * local:(me + 1) * local]):
                     return False
         got = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
+        if b.expert_in is not None:  # arrivals were placed regrouped by expert: undo that
+            got = b.expert_in[b.recv_rows]
         if not np.array_equal(got, np.concatenate(want) if want else got):
             return False
         # combine(dispatch(x)) with identity experts: x times the copies (rank), or x times
@@ -360,6 +378,7 @@ class MoE(Benchmark):
         imb, hot = M.load_imbalance(load)
         info = {"load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
                 "recv_rows_mean": float(load.mean()), "payload_carried_as": "uint8",
+                "pack_method": b.pack_method,
                 "bandwidth_note": "bytes of the most loaded rank / slowest-rank p50"}
         if me == 0:  # only rank 0 writes rows; zipf's expectation is a Monte-Carlo estimate
             exp_imb, _ = M.expected_load_imbalance(p["routing"], p["experts"], p["topk"], world,
