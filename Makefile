@@ -11,7 +11,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew test list bench-overhead clean
+.PHONY: install quick collectives moe moe-decode moe-skew scaling ceilings model test list bench-overhead clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +37,18 @@ moe: install
 
 moe-decode moe-skew: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# Weak scaling over every rank count the launch allows, with the efficiency table.
+scaling: install
+	$(PY) -m commbench run scaling $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+ceilings: install
+	$(PY) -m commbench ceilings $(ARGS)
+
+# What-if: DeepSeek-V3 dispatch/combine at EP 8..1024, then all_reduce algorithms, on GB300 NVL72 vs HGX H100.
+model: install
+	$(PY) -m commbench model --kind moe --profile gb300-nvl72,h100-hgx $(ARGS)
+	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,inswitch,hierarchical $(ARGS)
 
 list: install
 	$(PY) -m commbench list

@@ -45,12 +45,55 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--np", type=int, help="start this many local ranks")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
     r.add_argument("--ranks-per-node", type=int, help="override hostname grouping (two tiers on one host)")
+    _profile_args(r)
 
     sub.add_parser("list", help="benchmarks, backends (and whether they work here), suites")
 
     rep = sub.add_parser("report", help="print the tables of one or more result directories")
     rep.add_argument("runs", nargs="+")
+    _profile_args(rep)
+
+    c = sub.add_parser("ceilings", help="print the hardware profiles (link line and achieved rates)")
+    _profile_args(c, many=True)
+
+    m = sub.add_parser("model", help="what-if: project times from a profile's alpha-beta cost models")
+    m.add_argument("--kind", default="moe", choices=("moe", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"))
+    _profile_args(m, many=True)
+    m.add_argument("--worlds", type=_int_list, help="rank counts (default 8,16,...,1024)")
+    m.add_argument("--sizes", help="message sizes for collectives (default 1M,64M,1G)")
+    m.add_argument("--algos", type=_csv, help="all_reduce: ring, recursive_doubling, rabenseifner, inswitch, hierarchical")
+    m.add_argument("--rate", choices=("achieved", "line"), default="achieved",
+                   help="build the fabric from the typical achieved rates (default) or the line rates (a lower bound)")
+    m.add_argument("--calibrate", metavar="RUN_DIR",
+                   help="take the scale-up alpha and B from an alpha-beta fit of a measured run's all_to_all")
+    for k, d in (("tokens", 4096), ("hidden", 7168), ("experts", 256), ("topk", 8), ("max-groups", 4)):
+        m.add_argument(f"--{k}", type=int, help=f"moe shape (default {d}, DeepSeek-V3)")
     return p
+
+
+def _profile_args(p, many: bool = False) -> None:
+    p.add_argument("--profile", help=("comma list of " if many else "") + "hardware profiles (built-in names or "
+                   ".toml paths; `commbench ceilings` lists them)")
+    p.add_argument("--nic-gbps", type=float, help="scale-out NIC rate in Gb/s (gigaBITS) per direction, as NICs are "
+                   "sold: 800 = 100 GB/s")
+    p.add_argument("--scaleup-GBps", dest="scaleup_GBps", type=float,
+                   help="scale-up link rate in GB/s (gigaBYTES) per direction: NVLink 5 = 900, not 1800")
+    p.add_argument("--domain-gpus", type=int, help="GPUs in one scale-up domain (NVL72: 72, HGX: 8)")
+
+
+def profile_overrides(args) -> dict:
+    return {k: getattr(args, k) for k in ("nic_gbps", "scaleup_GBps", "domain_gpus") if getattr(args, k) is not None}
+
+
+def resolve_profile_spec(name: str | None, overrides: dict):
+    """Load and check a profile before any rank starts (exit 2 on a bad file or flag)."""
+    from . import ceilings
+
+    if name is None:
+        if overrides:
+            raise UsageError("--nic-gbps/--scaleup-GBps/--domain-gpus need --profile")
+        return None
+    return ceilings.apply_overrides(ceilings.load_profile(name), overrides)
 
 
 def _value(text: str):
@@ -96,7 +139,7 @@ def cmd_run(args, argv: list[str]) -> int:
     overrides = {
         "benchmarks": args.benchmarks, "dtypes": args.dtypes, "worlds": args.worlds, "iters": args.iters,
         "warmup": args.warmup, "min_time_ms": args.min_time_ms, "max_iters": args.max_iters,
-        "check": args.check, "backend": args.backend,
+        "check": args.check, "backend": args.backend, "profile": args.profile,
         "sizes": parse_sizes_arg(args.sizes) if args.sizes else None,
     }
     cfg = suite_mod.build_config(raw, overrides)
@@ -111,6 +154,8 @@ def cmd_run(args, argv: list[str]) -> int:
         gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
         if gpu_less:
             raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
+    overrides_p = profile_overrides(args)
+    resolve_profile_spec(cfg.profile, overrides_p)
     info = launch.detect()
     if args.np is not None:
         if args.np < 1:
@@ -129,7 +174,7 @@ def cmd_run(args, argv: list[str]) -> int:
         return launch.spawn_local(args.np, backend, child)
     # Under an external launcher every rank names a directory, but only rank 0 writes one.
     out = args.out or str(new_run_dir(cfg.name))
-    return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node)
+    return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p)
 
 
 def _strip_np(argv: list[str]) -> list[str]:
@@ -170,6 +215,115 @@ def cmd_list() -> int:
     return 0
 
 
+def _profiles(args, default: list[str]):
+    from . import ceilings
+
+    names = _csv(args.profile) if args.profile else default
+    return [ceilings.apply_overrides(ceilings.load_profile(n), profile_overrides(args)) for n in names]
+
+
+def cmd_ceilings(args) -> int:
+    from rich import box
+    from rich.table import Table
+
+    from . import ceilings
+    from .report import _console, stdout_is_tty
+
+    rows = ceilings.profiles_table_rows(_profiles(args, ceilings.list_profiles()))
+    t = Table(title="hardware profiles", box=box.ASCII if not stdout_is_tty() else box.SIMPLE_HEAD,
+              caption="GB/s = 1e9 bytes/s PER DIRECTION (busbw compares with one direction; NVIDIA's 900 GB/s and "
+                      "1.8 TB/s NVLink figures are both directions summed); NIC Gb/s = gigabits per direction "
+                      "(800 Gb/s = 100 GB/s); HBM is total. line = physical rate, achieved = what a tuned stack "
+                      "typically reaches. loopback is measured at the start of each run (meta.json 'ceilings').")
+    for c in rows[0]:
+        t.add_column(c, justify="left" if c in ("profile", "scale-up link", "domain", "NIC") else "right")
+    for r in rows:
+        t.add_row(*r.values())
+    _console().print(t)
+    return 0
+
+
+def cmd_model(args) -> int:
+    from rich import box
+    from rich.table import Table
+
+    from . import model as M
+    from .analysis import fit_table
+    from .report import _console, stdout_is_tty
+    from .results import load, load_meta
+    from .units import fmt_size, parse_size
+
+    console = _console()
+    plain = not stdout_is_tty()
+    worlds = args.worlds or [8, 16, 32, 64, 128, 256, 512, 1024]
+    if any(w < 1 for w in worlds):
+        raise UsageError(f"--worlds must be positive, got {worlds}")
+    sizes = [parse_size(x) for x in _csv(args.sizes or "1M,64M,1G")]
+    fabrics = []
+    if args.calibrate:
+        from . import ceilings
+
+        meta = load_meta(args.calibrate)
+        fields = ((meta.get("ceilings") or {}).get("fields")) or {}
+        if not fields:
+            raise UsageError(f"{args.calibrate}: meta.json has no measured profile to calibrate")
+        prof = ceilings.Profile(**{k: v for k, v in fields.items() if k in ceilings.Profile.__dataclass_fields__})
+        base = _fabric(M, prof, args.rate)
+        fabrics.append((f"{prof.name} calibrated from {args.calibrate}", M.calibrate_fabric(fit_table(load(args.calibrate)), base)))
+    else:
+        for prof in _profiles(args, ["gb300-nvl72", "h100-hgx"]):
+            if prof.measured and prof.scaleup_line_gbps is None:
+                raise UsageError(f"profile {prof.name} is measured at run time: use --calibrate RUN_DIR")
+            fabrics.append((prof.name, _fabric(M, prof, args.rate)))
+    shape = {k: getattr(args, k.replace("-", "_")) for k in ("tokens", "hidden", "experts", "topk")
+             if getattr(args, k) is not None}
+    if args.max_groups is not None:
+        shape["M"] = args.max_groups
+    if "hidden" in shape:
+        from .moe import accounting
+
+        try:
+            shape["token_nbytes"] = accounting.token_bytes(shape["hidden"], "fp8")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    console.print("assumptions:\n" + "\n".join(f"  - {a}" for a in M.ASSUMPTIONS))
+    for name, fab in fabrics:
+        up, out = fab.scaleup, fab.scaleout
+        desc = (f"{name} ({args.rate} rates): scale-up {up.bandwidth_gbps:.4g} GB/s/dir alpha {up.alpha_us:.3g} us, "
+                f"G={fab.domain_gpus or 'one host'}" + (f"; scale-out {out.bandwidth_gbps:.4g} GB/s/dir alpha "
+                                                        f"{out.alpha_us:.3g} us" if out else "; no scale-out tier"))
+        rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos)
+        t = Table(title=desc, box=box.ASCII if plain else box.SIMPLE_HEAD)
+        if args.kind == "moe":
+            cols = ("world", "case", "NIC copies/token", "NVLink copies/token", "dispatch (us)", "combine (us)",
+                    "bottleneck")
+            for c in cols:
+                t.add_column(c, justify="left" if c in ("case", "bottleneck") else "right")
+            for r in rows:
+                t.add_row(str(r["world"]), r["case"], f"{r['nic_copies_per_token']:.3f}",
+                          f"{r['nvl_copies_per_token']:.3f}", f"{r['dispatch_us']:.1f}", f"{r['combine_us']:.1f}",
+                          r["dispatch_bottleneck"])
+        else:
+            for c in ("world", "size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+                t.add_column(c, justify="left" if c == "algorithm" else "right")
+            for r in rows:
+                t.add_row(str(r["world"]), fmt_size(r["nbytes"]), r["algo"], f"{r['time_us']:.2f}",
+                          f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}")
+        console.print(t)
+        missing = [w for w in worlds if w not in {r["world"] for r in rows}]
+        if missing:
+            console.print(f"left out: world(s) {', '.join(map(str, missing))}: the experts do not spread evenly over "
+                          f"that many ranks, or the world is not a whole number of scale-up domains")
+    return 0
+
+
+def _fabric(M, prof, rate: str):
+    up = prof.scaleup_achieved_gbps if rate == "achieved" else prof.scaleup_line_gbps
+    out = prof.scaleout_achieved_gbps if rate == "achieved" else prof.scaleout_line_gbps
+    return M.fabric_from_rates(up, prof.scaleup_latency_us or 0.0, prof.scaleup_domain_gpus,
+                               out, prof.scaleout_latency_us if out else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -181,8 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "report":
             from .report import report_runs
 
-            report_runs(args.runs)
+            names = _csv(args.profile) if args.profile else []
+            if len(names) > 1:
+                raise UsageError("report takes one --profile")
+            report_runs(args.runs, resolve_profile_spec(names[0] if names else None, profile_overrides(args)))
             return 0
+        if args.cmd == "ceilings":
+            return cmd_ceilings(args)
+        if args.cmd == "model":
+            return cmd_model(args)
     except UsageError as e:
         from .launch import detect
 

@@ -61,11 +61,14 @@ def print_tables(rows, console=None) -> None:
         show_params = len({_params_text(r.get("params")) for r in rs}) > 1
         show_stage = any(r.get("stage") for r in rs)
         show_run = len({r.get("run") for r in rs}) > 1
+        show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
         t = Table(title=f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
-                  caption=f"{BUSBW_NOTE.get(bench, '')}; time = slowest rank per iteration; GB = 1e9 B",
+                  caption=f"{BUSBW_NOTE.get(bench, '')}; time = slowest rank per iteration; GB = 1e9 B"
+                  + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""),
                   box=box.ASCII if plain else box.SIMPLE_HEAD)
         cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["params"] if show_params else []) \
-            + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)", "check"]
+            + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] \
+            + (["bound (us)", "ceiling (GB/s)", "% line", "% achieved"] if show_ceiling else []) + ["check"]
         for c in cols:
             t.add_column(c, justify="left" if c in ("run", "dtype", "params", "stage", "check") else "right",
                          no_wrap=c != "params")
@@ -74,12 +77,74 @@ def print_tables(rows, console=None) -> None:
             cells += [_params_text(r.get("params"))] if show_params else []
             cells += [str(r.get("stage") or "")] if show_stage else []
             cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}",
-                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", str(r["check"])]
+                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+            if show_ceiling:
+                cells += [_num(r.get("time_bound_us"), 2), _num(r.get("ceiling_gbps"), 1),
+                          _num(r.get("pct_of_ceiling"), 1), _num(r.get("pct_of_achieved"), 1)]
+            cells += [str(r["check"])]
             t.add_row(*cells)
         console.print(t)
 
 
-def report_runs(paths) -> None:
+def _has(v) -> bool:
+    return v is not None and v == v
+
+
+def _num(v, digits: int) -> str:
+    return f"{v:.{digits}f}" if _has(v) else "-"
+
+
+def _ceiling_caption(rs) -> str:
+    r = next(r for r in rs if _has(r.get("time_bound_us")))
+    tiers = sorted({f"{x.get('tier')}: {x.get('bottleneck')}" for x in rs if _has(x.get("time_bound_us"))})
+    return (f"profile {r.get('profile')}; {', '.join(tiers)}; % of the link's line and typical achieved rate, "
+            f"comparing {r.get('compared_as')}; bound = the time at the line rate")
+
+
+def analysis_tables(rows, console=None) -> None:
+    """Scaling efficiency over rank counts, and the alpha-beta fit over sizes."""
+    import pandas as pd
+    from rich import box
+    from rich.table import Table
+
+    from .analysis import fit_table, scaling_table
+
+    df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
+    if df.empty:
+        return
+    console = console or _console()
+    plain = not stdout_is_tty()
+    sc = scaling_table(df)
+    if not sc.empty:
+        t = Table(title="weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
+                  caption="collectives: busbw; moe: tokens per second per rank (bytes per rank grow with n)",
+                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        for c in ("benchmark", "stage", "size", "dtype", "params", "world", "metric", "value", "efficiency"):
+            t.add_column(c, justify="right" if c in ("size", "world", "value", "efficiency") else "left")
+        for r in sc.to_dict("records"):
+            t.add_row(r["benchmark"], str(r.get("stage") or ""), fmt_size(int(r["nbytes"])) if r["benchmark"] != "moe" else "",
+                      str(r["dtype"]), _moe_params(r.get("params")) if r["benchmark"] == "moe" else "", str(r["world"]),
+                      r["metric"], f"{r['value']:.4g}", f"{r['efficiency_pct']:.1f}%")
+        console.print(t)
+    ft = fit_table(df)
+    if not ft.empty:
+        t = Table(title="alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
+                  caption="n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F",
+                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        for c in ("benchmark", "world", "dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half",
+                  "rms err", "max err"):
+            t.add_column(c, justify="left" if c in ("benchmark", "dtype", "sizes") else "right")
+        for r in ft.to_dict("records"):
+            nh = r["n_half_nbytes"]
+            t.add_row(r["benchmark"], str(r["world"]), str(r["dtype"]),
+                      f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
+                      f"{r['alpha_us']:.3f}", _num(r["bandwidth_gbps"], 3), _num(r["busbw_asymptote_gbps"], 3),
+                      fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
+                      f"{r['rms_rel_err_pct']:.1f}%", f"{r['max_rel_err_pct']:.1f}%")
+        console.print(t)
+
+
+def report_runs(paths, profile=None) -> None:
     from .results import load, load_meta
 
     for p in paths:
@@ -91,7 +156,28 @@ def report_runs(paths) -> None:
     if df.empty:
         print("no rows")
         return
+    if profile is not None:  # judge the rows against another profile
+        df = rejudge(df, paths, profile)
     print_tables(df)
+    analysis_tables(df)
+
+
+def rejudge(df, paths, profile):
+    """Recompute every row's ceiling fields against `profile`, with each run's node map."""
+    import pandas as pd
+
+    from .ceilings import ceiling_for_row
+    from .results import load_meta
+
+    from pathlib import Path
+
+    nodes = {(Path(p).name if Path(p).is_dir() else Path(p).parent.name): (load_meta(p) or {}).get("nodes")
+             for p in paths}
+    out = []
+    for r in df.to_dict("records"):
+        nm = nodes.get(str(r.get("run"))) or [0] * int(r["world"])
+        out.append({**r, **ceiling_for_row(profile, r, nm), "profile": profile.name})
+    return pd.DataFrame(out)
 
 
 def _moe_params(p) -> str:
@@ -112,11 +198,12 @@ def moe_table(rs, plain: bool):
     t = Table(title=f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]", box=box.ASCII if plain else box.SIMPLE_HEAD,
               caption="GB/s = the most loaded rank's bytes / slowest-rank p50. logical: rows received incl. "
                       "from itself (DeepEP); remote: from other ranks; up/out: from the same / other nodes. "
-                      "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank")
+                      "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank. "
+                      "% line: per-tier time bound at the profile's line rate / p50")
     show_run = len({r.get("run") for r in rs}) > 1
     cols = (["run"] if show_run else []) + ["world", "shape", "stage", "dtype", "p50 (us)", "p99 (us)", "max (us)",
                                             "logical", "remote", "scale-up", "scale-out", "load (hot)",
-                                            "stages (us)", "outside a2a", "check"]
+                                            "stages (us)", "outside a2a", "% line", "check"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("run", "shape", "stage", "dtype", "stages (us)", "check") else "right",
                      no_wrap=True)
@@ -127,6 +214,6 @@ def moe_table(rs, plain: bool):
             f"{r['time_us_p50']:.1f}", f"{r['time_us_p99']:.1f}", f"{r['time_us_max']:.1f}",
             f"{r['logical_gbps']:.2f}", f"{r['remote_gbps']:.2f}", f"{r['scaleup_gbps']:.2f}",
             f"{r['scaleout_gbps']:.2f}", f"{r['load_max_over_mean']:.2f} (r{int(r['hottest_rank'])})",
-            stages, f"{r['outside_a2a_pct']:.0f}%", str(r["check"])]
+            stages, f"{r['outside_a2a_pct']:.0f}%", _num(r.get("pct_of_ceiling"), 1), str(r["check"])]
         t.add_row(*cells)
     return t

@@ -94,8 +94,44 @@ class Progress:
             self.bar.stop()
 
 
+def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
+    """loopback for CPU ranks; on GPUs the built-in profile whose GPU the device names."""
+    if device == "cpu":
+        return "loopback"
+    name = (gpu_names or [""])[0].upper()
+    for key, prof in (("GB300", "gb300-nvl72"), ("GB200", "gb200-nvl72"), ("B200", "b200-hgx"), ("B300", "b200-hgx"),
+                      ("H200", "h200-hgx"), ("H800", "h800-hgx"), ("H100", "h100-hgx"), ("A100", "a100-hgx")):
+        if key in name:
+            return prof
+    return None
+
+
+def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str]):
+    """The profile rows are compared with (collective: the loopback one is measured here).
+    Returns (profile or None, meta dict)."""
+    from . import ceilings, probe
+
+    name = cfg.profile or default_profile_name(device, gpu_names)
+    if name is None:
+        return None, {"profile": None, "note": "no profile for this GPU: pass --profile"}
+    prof = ceilings.load_profile(name)
+    meta = {"profile": prof.name, "chosen": "given" if cfg.profile else "default"}
+    if prof.measured:
+        m = probe.loopback_probe(comm)
+        meta["probe"] = m
+        if m.get("latency_us") is None:
+            m["latency_us"] = 0.0
+        prof = ceilings.loopback_profile(m["memcpy_in_cache_gbps"], m["memcpy_beyond_cache_gbps"],
+                                         m["llc_nbytes"], m["latency_us"])
+    prof = ceilings.apply_overrides(prof, overrides or {})
+    from dataclasses import asdict
+
+    meta["fields"] = asdict(prof)
+    return prof, meta
+
+
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
-        ranks_per_node: int | None = None) -> int:
+        ranks_per_node: int | None = None, profile_overrides: dict | None = None) -> int:
     """Run a validated suite on this rank (inside a launch); returns the exit status."""
     info = launch.detect()
     points, notes = suite_mod.expand(cfg, info.world, backends.BACKEND_DTYPES[backend_name])
@@ -106,13 +142,14 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     is_root = world.rank == 0
     hosts = world.allgather_obj(socket.gethostname())
     nodes = node_ids(hosts, ranks_per_node)
+    profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     writer = None
     if is_root:
         meta = base_meta(argv)
         meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": backend_name,
                      "device": backend.device, "world": world.size, "launcher": info.launcher,
                      "hosts": hosts, "nodes": nodes, "ranks_per_node": ranks_per_node,
-                     "gpus": backend.gpu_names(), "points": len(points)})
+                     "gpus": backend.gpu_names(), "points": len(points), "ceilings": prof_meta})
         meta["versions"].update(backend.versions())
         writer = RunWriter(out_dir, meta)
         for n in notes:
@@ -131,6 +168,7 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
                 point_rows = harness.run_point(comm, point)
                 if is_root:
                     for r in point_rows:
+                        add_ceiling(r, profile, nodes)
                         writer.append(r)
                     rows.extend(point_rows)
                     progress.update(point, point_rows)
@@ -146,15 +184,26 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     if writer:
         writer.finish("complete" if not failed else "check_failed",
                       f"{len(failed)} point(s) failed the data check" if failed else None)
-        from .report import print_tables
+        from .report import analysis_tables, print_tables
 
         print_tables(rows)
+        analysis_tables(rows)
         print(f"results: {writer.dir}", flush=True)
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
     bad = world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
     backend.finalize()
     return 1 if bad else 0
+
+
+def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
+    """The row's tier, ceiling and % of it (ceilings.ceiling_for_row), under the profile's name."""
+    from . import ceilings
+
+    if profile is None:
+        row.update({k: None for k in ceilings.CEILING_KEYS}, profile=None)
+        return
+    row.update(ceilings.ceiling_for_row(profile, row, nodes), profile=profile.name)
 
 
 def _cfg_dict(cfg) -> dict:

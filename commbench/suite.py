@@ -24,6 +24,7 @@ SUITE_KEYS = {
     "max_iters": "calibration ceiling",
     "check": "validate every point's data",
     "backend": "mpi, gloo or nccl",
+    "profile": "hardware profile rows are compared with (built-in name or .toml path; default: loopback on CPU)",
     "params": "per-benchmark parameter tables; a list value is a sweep axis",
 }
 
@@ -44,6 +45,7 @@ class SuiteConfig:
     max_iters: int = 10000
     check: bool = False
     backend: str | None = None
+    profile: str | None = None
     params: dict = field(default_factory=dict)
 
     @property
@@ -158,6 +160,8 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
         kw["check"] = _type("check", merged["check"], bool, "true or false")
     if "backend" in merged:
         kw["backend"] = _type("backend", merged["backend"], str, "a backend name")
+    if "profile" in merged:
+        kw["profile"] = _type("profile", merged["profile"], str, "a profile name or path")
     cfg = SuiteConfig(**kw)
     if not cfg.benchmarks:
         raise UsageError(f"suite {name}: no benchmarks to run (set 'benchmarks' or pass -b)")

@@ -1,4 +1,4 @@
-"""Bytes and busbw factors exactly as formulas.md states them."""
+"""Bytes and busbw factors exactly as README "Formulas" states them."""
 import pytest
 
 from commbench.benchmarks import Point, get, registry

@@ -52,7 +52,7 @@ class Param:
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one operation moves: S as formulas.md defines it for this benchmark, and F."""
+    """What one operation moves: S as README "Formulas" defines it for this benchmark, and F."""
 
     nbytes: int
     busbw_factor: float

@@ -1,4 +1,4 @@
-"""Bytes a MoE dispatch/combine moves, and the copies-per-token formulas of formulas.md
+"""Bytes a MoE dispatch/combine moves, and the copies-per-token formulas of README "Formulas"
 ("MoE dispatch: bytes per rank on the scale-up link vs the scale-out NIC").
 
 Every byte figure the MoE benchmark reports comes from here.
@@ -159,7 +159,7 @@ def _check_shape(case, E, K, P, G, M) -> int:
 
 def dispatch_copies_per_token(case: str, E: int, K: int, P: int, G: int,
                               M: int | None = None) -> tuple[float, float]:
-    """Expected copies of one token a rank sends (NIC, NVLink), formulas.md cases 1-3.
+    """Expected copies of one token a rank sends (NIC, NVLink), README "Formulas" cases 1-3.
 
     - "flat": one copy per (token, expert), plain all_to_all:
       (K (P-G)/P, K (G-1)/P).

@@ -1,0 +1,374 @@
+"""What-if cost model: alpha-beta times of collectives and MoE dispatch on a two-tier
+fabric (README "Formulas" "Cost models" and "MoE dispatch").
+
+A fabric has a scale-up tier (NVLink-like, G ranks per domain) and an optional
+scale-out tier (NIC). Each tier is (alpha, B): alpha the per-step latency in us, B the
+per-direction bandwidth in GB/s (1e9 B/s). gamma is the reduction cost per byte; it
+defaults to 0 because a GPU reduces at memory bandwidth, far above any link, and
+overlaps the reduction with the transfer. Every projection should be printed with
+ASSUMPTIONS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .errors import UsageError
+from .moe import accounting
+
+ASSUMPTIONS: list[str] = [
+    "alpha-beta (Hockney) model: each step costs alpha + bytes/B; no congestion, "
+    "contention, incast or switch queuing",
+    "B is per direction per GPU; sending and receiving overlap fully",
+    "one NIC per GPU: scale-out bandwidth is per GPU, not shared within a domain",
+    "flat algorithms (ring, recursive doubling, Rabenseifner, pairwise all_to_all) run "
+    "at the slowest link: above one scale-up domain (p > G) every step costs the scale-out tier",
+    "pairwise all_to_all above one domain: (p-G)/p of the bytes cross the NIC and "
+    "(G-1)/p stay on scale-up, both at once; time = latency steps + the slower tier",
+    "gamma (reduction cost per byte) is 0 unless set: GPUs reduce at memory bandwidth "
+    "and overlap it with the transfer",
+    "recursive doubling and Rabenseifner round lg p up for p not a power of two",
+    "MoE volumes are expectations under uniform top-k routing (no skew, no hot rank); "
+    "time = slower tier + one alpha per tier used",
+    "MoE combine moves the same copies as dispatch, in BF16 (2 bytes per element)",
+    "rates are whatever the fabric was built from: line rates give a lower bound on "
+    "time; achieved (calibrated) rates give a realistic estimate",
+]
+
+ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "rabenseifner", "inswitch", "hierarchical")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "moe")
+# nccl-tests busbw factors F(p) (README "Formulas"), for the algbw/busbw columns of a projection.
+_BUSBW_FACTOR = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "all_to_all": lambda p: (p - 1) / p,
+}
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    alpha_us: float
+    bandwidth_gbps: float
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """scaleout None: a single scale-up domain. domain_gpus None: every rank shares
+    one scale-up domain, whatever p."""
+    scaleup: Tier
+    scaleout: Tier | None
+    domain_gpus: int | None
+    gamma_us_per_byte: float = 0.0
+
+
+def fabric_from_rates(scaleup_gbps: float, scaleup_latency_us: float, domain_gpus: int | None,
+                      scaleout_gbps: float | None = None, scaleout_latency_us: float | None = None,
+                      gamma_us_per_byte: float = 0.0) -> Fabric:
+    """A Fabric from per-direction rates (GB/s) and per-step latencies (us), e.g. read
+    from a hardware profile."""
+    def tier(name, gbps, lat):
+        if not (gbps is not None and math.isfinite(gbps) and gbps > 0):
+            raise UsageError(f"{name} bandwidth must be a positive GB/s figure, got {gbps!r}")
+        if lat is None or not math.isfinite(lat) or lat < 0:
+            raise UsageError(f"{name} latency must be a non-negative figure in us, got {lat!r}")
+        return Tier(name, float(lat), float(gbps))
+
+    if domain_gpus is not None and domain_gpus < 1:
+        raise UsageError(f"ranks per scale-up domain must be >= 1, got {domain_gpus}")
+    if gamma_us_per_byte < 0:
+        raise UsageError(f"gamma must be >= 0 us per byte, got {gamma_us_per_byte}")
+    if (scaleout_gbps is None) != (scaleout_latency_us is None):
+        raise UsageError("the scale-out tier needs both a bandwidth and a latency")
+    out = None if scaleout_gbps is None else tier("scaleout", scaleout_gbps, scaleout_latency_us)
+    return Fabric(tier("scaleup", scaleup_gbps, scaleup_latency_us), out,
+                  None if domain_gpus is None else int(domain_gpus), float(gamma_us_per_byte))
+
+
+# ------------------------------------------------------------------ helpers
+
+def _xfer_us(nbytes: float, tier: Tier) -> float:
+    return nbytes / (tier.bandwidth_gbps * 1e3)  # GB/s = 1e3 bytes per us
+
+
+def _check_p(p: int) -> int:
+    if isinstance(p, bool) or int(p) != p or p < 1:
+        raise UsageError(f"ranks p must be an integer >= 1, got {p!r}")
+    return int(p)
+
+
+def _domain(p: int, fabric: Fabric) -> int:
+    """Ranks per scale-up domain at world p (capped at p)."""
+    return p if fabric.domain_gpus is None else min(fabric.domain_gpus, p)
+
+
+def _scaleout(fabric: Fabric, what: str) -> Tier:
+    if fabric.scaleout is None:
+        raise UsageError(f"{what} spans more than one scale-up domain but the fabric has no scale-out tier")
+    return fabric.scaleout
+
+
+def _flat_tier(p: int, fabric: Fabric, what: str) -> Tier:
+    # A flat algorithm's ring/butterfly crosses the NIC once p exceeds a domain, and
+    # every step then waits for its slowest link.
+    return fabric.scaleup if p <= _domain(p, fabric) else _scaleout(fabric, what)
+
+
+def _lg(p: int) -> int:
+    return math.ceil(math.log2(p))
+
+
+# ------------------------------------------------------------------ collectives
+
+def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> float:
+    """Time of one all_reduce of nbytes (the buffer) over p ranks, README "Formulas":
+
+    - ring: 2(p-1) a + 2(p-1)/p S/B + (p-1)/p S gamma
+    - recursive_doubling: lg p a + S lg p / B + S lg p gamma
+    - rabenseifner: 2 lg p a + 2(p-1)/p S/B + (p-1)/p S gamma
+    - inswitch (NVLS / SHARP): a_sw + S(p+1)/(p B); a_sw = the tier's alpha
+    - hierarchical, G per domain, N = p/G: 2(G-1) a_nvl + 2(N-1) a_nic
+      + 2(G-1)/G S/B_nvl + 2(N-1)/N (S/G)/B_nic, plus gamma on the bytes each phase reduces.
+
+    The flat ones (and inswitch) use the scale-up tier when p <= G, else the scale-out
+    tier. p = 1 costs nothing.
+    """
+    p = _check_p(p)
+    if algo not in ALL_REDUCE_ALGOS:
+        raise UsageError(f"unknown all_reduce algorithm {algo!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
+    if p == 1:
+        return 0.0
+    S, g = float(nbytes), fabric.gamma_us_per_byte
+    if algo == "hierarchical":
+        G = _domain(p, fabric)
+        if p % G:
+            raise UsageError(f"hierarchical all_reduce needs p={p} to be a multiple of G={G}")
+        N = p // G
+        t = 2 * (G - 1) * fabric.scaleup.alpha_us + 2 * (G - 1) / G * _xfer_us(S, fabric.scaleup)
+        t += (G - 1) / G * S * g
+        if N > 1:
+            nic = _scaleout(fabric, "hierarchical all_reduce")
+            t += 2 * (N - 1) * nic.alpha_us + 2 * (N - 1) / N * _xfer_us(S / G, nic) + (N - 1) / N * (S / G) * g
+        return t
+    tier = _flat_tier(p, fabric, f"{algo} all_reduce")
+    a = tier.alpha_us
+    if algo == "ring":
+        return 2 * (p - 1) * a + 2 * (p - 1) / p * _xfer_us(S, tier) + (p - 1) / p * S * g
+    if algo == "recursive_doubling":
+        lg = _lg(p)
+        return lg * a + lg * _xfer_us(S, tier) + lg * S * g
+    if algo == "rabenseifner":
+        return 2 * _lg(p) * a + 2 * (p - 1) / p * _xfer_us(S, tier) + (p - 1) / p * S * g
+    return a + (p + 1) / p * _xfer_us(S, tier)  # inswitch: the switch reduces
+
+
+def all_gather_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
+    """Ring all_gather, S = the whole output: (p-1) a + (p-1)/p S/B."""
+    p = _check_p(p)
+    if p == 1:
+        return 0.0
+    tier = _flat_tier(p, fabric, "ring all_gather")
+    return (p - 1) * tier.alpha_us + (p - 1) / p * _xfer_us(float(nbytes), tier)
+
+
+def reduce_scatter_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
+    """Ring reduce_scatter, S = the whole input: (p-1) a + (p-1)/p S/B + (p-1)/p S gamma."""
+    p = _check_p(p)
+    if p == 1:
+        return 0.0
+    S = float(nbytes)
+    return all_gather_time_us(p, S, fabric) + (p - 1) / p * S * fabric.gamma_us_per_byte
+
+
+def all_to_all_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
+    """Pairwise all_to_all, S = bytes a rank sends in total.
+
+    Inside one domain (p <= G): (p-1) a_nvl + S/B_nvl (README "Formulas"; S includes the
+    rank's own chunk, so this is the same B a fit of t = (p-1) a + S/B measures).
+    Above it: the p-G peers in other domains take (p-G)/p S over the NIC and the G-1
+    in its own domain (G-1)/p S over scale-up, both at once:
+    (p-G) a_nic + (G-1) a_nvl + max((p-G)/p S/B_nic, (G-1)/p S/B_nvl).
+    """
+    p = _check_p(p)
+    if p == 1:
+        return 0.0
+    S, G = float(nbytes), _domain(p, fabric)
+    up = fabric.scaleup
+    if p <= G:
+        return (p - 1) * up.alpha_us + _xfer_us(S, up)
+    nic = _scaleout(fabric, "all_to_all")
+    return ((p - G) * nic.alpha_us + (G - 1) * up.alpha_us
+            + max(_xfer_us((p - G) / p * S, nic), _xfer_us((G - 1) / p * S, up)))
+
+
+# ------------------------------------------------------------------ MoE
+
+def moe_scenario_defaults() -> dict:
+    """DeepSeek-V3's MoE layer (moe-deepseek-v3.md): 4096 tokens per rank, H 7168,
+    FP8 dispatch rows (H + H/32 = 7392 bytes), 256 experts, top-8, at most 4 nodes."""
+    return {"tokens": 4096, "hidden": 7168, "token_nbytes": accounting.token_bytes(7168, "fp8"),
+            "experts": 256, "topk": 8, "M": 4}
+
+
+def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, experts: int,
+                topk: int, p: int, G: int | None, M: int | None, fabric: Fabric,
+                stage: str = "dispatch") -> dict:
+    """Time of one MoE dispatch or combine, README "Formulas" "MoE dispatch":
+
+        t = max(V_nic / B_nic, V_nvl / B_nvl) + alpha_nic [if V_nic > 0] + alpha_nvl [if V_nvl > 0]
+
+    V_nic, V_nvl: expected bytes one rank sends per tier (accounting.dispatch_volume_nbytes)
+    for case "flat", "hierarchical" or "node_limited". The latency term is one alpha per
+    tier used: the copies to all peers go out at once, and the hierarchical cases forward
+    after the NIC hop. Combine moves the same copies back; token_nbytes None means the
+    stage's DeepSeek-V3 row (FP8 H + H/32 for dispatch, BF16 2H for combine).
+
+    G None takes the fabric's domain size (capped at p; p when unset); M is capped at
+    the N = p/G domains there are.
+
+    Returns time_us, nic_us, nvl_us, latency_us, v_nic_nbytes, v_nvl_nbytes,
+    nic_copies_per_token, nvl_copies_per_token, token_nbytes, bottleneck (tier name).
+    """
+    p = _check_p(p)
+    if stage not in ("dispatch", "combine"):
+        raise UsageError(f"unknown MoE stage {stage!r}; choose dispatch or combine")
+    G = _domain(p, fabric) if G is None else min(int(G), p)
+    if G < 1 or p % G:
+        raise UsageError(f"MoE needs p={p} to be a multiple of ranks per domain G={G}")
+    if case == "node_limited" and M is not None:
+        M = min(int(M), p // G)
+    try:
+        if token_nbytes is None:
+            token_nbytes = accounting.token_bytes(hidden, "fp8" if stage == "dispatch" else "bf16")
+        nic_c, nvl_c = accounting.dispatch_copies_per_token(case, experts, topk, p, G, M)
+        v_nic, v_nvl = accounting.dispatch_volume_nbytes(case, tokens, hidden, token_nbytes,
+                                                         experts, topk, p, G, M)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    up = fabric.scaleup
+    nvl_us = _xfer_us(v_nvl, up)
+    nic_us, lat = 0.0, (up.alpha_us if v_nvl > 0 else 0.0)
+    nic = None
+    if v_nic > 0:
+        nic = _scaleout(fabric, f"MoE {stage} at p={p}")
+        nic_us = _xfer_us(v_nic, nic)
+        lat += nic.alpha_us
+    return {
+        "time_us": max(nic_us, nvl_us) + lat,
+        "nic_us": nic_us,
+        "nvl_us": nvl_us,
+        "latency_us": lat,
+        "v_nic_nbytes": v_nic,
+        "v_nvl_nbytes": v_nvl,
+        "nic_copies_per_token": nic_c,
+        "nvl_copies_per_token": nvl_c,
+        "token_nbytes": int(token_nbytes),
+        "bottleneck": nic.name if nic is not None and nic_us >= nvl_us else up.name,
+    }
+
+
+# ------------------------------------------------------------------ calibration
+
+def calibrate_fabric(fit_rows, base: Fabric) -> Fabric:
+    """base with its scale-up alpha and B replaced by what a measured single-domain
+    (e.g. loopback) run shows.
+
+    Uses the all_to_all fits (send_recv when there are none) of analysis.fit_table at
+    the smallest world with >= 2 ranks; among several fits there (dtypes, runs), the
+    one with most points, then the lowest rms error. The fit is t = alpha + S/B in the
+    same S the model uses, so:
+    - pairwise all_to_all, t = (p-1) alpha + S/B: alpha per step = alpha_us / (p-1),
+      B = the fit's bandwidth;
+    - send_recv, one step: alpha = alpha_us, B = the fit's bandwidth.
+    Fits without a finite bandwidth (latency-only sweeps) are not used.
+    """
+    rows = fit_rows.to_dict("records") if hasattr(fit_rows, "to_dict") else list(fit_rows)
+    for bench in ("all_to_all", "send_recv"):
+        cand = [r for r in rows if r.get("benchmark") == bench and int(r.get("world", 0)) >= 2
+                and r.get("bandwidth_gbps") is not None and math.isfinite(float(r["bandwidth_gbps"]))
+                and float(r["bandwidth_gbps"]) > 0]
+        if cand:
+            break
+    else:
+        raise UsageError("the measured run has no all_to_all or send_recv sweep to calibrate from")
+    p = min(int(r["world"]) for r in cand)
+    if base.domain_gpus is not None and p > base.domain_gpus:
+        raise UsageError(f"the smallest measured world ({p}) spans more than one scale-up domain "
+                         f"(G={base.domain_gpus}); it cannot calibrate the scale-up tier")
+    best = min((r for r in cand if int(r["world"]) == p),
+               key=lambda r: (-int(r.get("points", 0)), float(r.get("rms_rel_err_pct", 0.0))))
+    steps = p - 1 if bench == "all_to_all" else 1
+    tier = Tier(base.scaleup.name, float(best["alpha_us"]) / steps, float(best["bandwidth_gbps"]))
+    return dataclasses.replace(base, scaleup=tier)
+
+
+# ------------------------------------------------------------------ projection
+
+def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dict | None = None,
+            algos=None, cases=accounting.CASES) -> list[dict]:
+    """Rows of a what-if table, one per (world, size, algorithm) or (world, case).
+
+    - all_reduce: algos from ALL_REDUCE_ALGOS (default all of them; hierarchical is
+      left out at worlds it cannot split into domains).
+    - all_gather / reduce_scatter (ring), all_to_all (pairwise): algos ignored.
+    Collective rows: kind, algo, world, nbytes, time_us, algbw_gbps = S/t, busbw_gbps
+    (algbw times the nccl-tests factor; above the link rate for inswitch, see README "Formulas").
+
+    - moe: moe_shape (default moe_scenario_defaults()) over `cases`; rows: kind, case,
+      world, dispatch_us, combine_us, nic_copies_per_token, nvl_copies_per_token,
+      dispatch_v_nic_nbytes, dispatch_v_nvl_nbytes, dispatch_bottleneck, combine_bottleneck.
+      Cases that do not fit a world (e.g. a world not a multiple of G) are left out.
+    """
+    if kind not in KINDS:
+        raise UsageError(f"unknown projection kind {kind!r}; choose one of {', '.join(KINDS)}")
+    worlds = [_check_p(p) for p in worlds]
+    out = []
+    if kind == "moe":
+        shape = {**moe_scenario_defaults(), **(moe_shape or {})}
+        for p in worlds:
+            if p > _domain(p, fabric):
+                _scaleout(fabric, f"MoE at p={p}")  # say so rather than drop every case
+            for case in cases:
+                try:
+                    d = moe_time_us(case, shape["tokens"], shape["hidden"], shape["token_nbytes"],
+                                    shape["experts"], shape["topk"], p, None, shape["M"], fabric, "dispatch")
+                    c = moe_time_us(case, shape["tokens"], shape["hidden"], None, shape["experts"],
+                                    shape["topk"], p, None, shape["M"], fabric, "combine")
+                except UsageError:
+                    continue
+                out.append({"kind": kind, "case": case, "world": p, "dispatch_us": d["time_us"],
+                            "combine_us": c["time_us"], "nic_copies_per_token": d["nic_copies_per_token"],
+                            "nvl_copies_per_token": d["nvl_copies_per_token"],
+                            "dispatch_v_nic_nbytes": d["v_nic_nbytes"], "dispatch_v_nvl_nbytes": d["v_nvl_nbytes"],
+                            "dispatch_bottleneck": d["bottleneck"], "combine_bottleneck": c["bottleneck"]})
+        return out
+
+    if not sizes_nbytes:
+        raise UsageError(f"a {kind} projection needs message sizes")
+    if kind == "all_reduce":
+        algos = list(algos or ALL_REDUCE_ALGOS)
+        for a in algos:
+            if a not in ALL_REDUCE_ALGOS:
+                raise UsageError(f"unknown all_reduce algorithm {a!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
+    else:
+        algos = ["pairwise" if kind == "all_to_all" else "ring"]
+    for p in worlds:
+        for S in sizes_nbytes:
+            for a in algos:
+                if kind == "all_reduce":
+                    if a == "hierarchical" and p % _domain(p, fabric):
+                        continue
+                    t = all_reduce_time_us(a, p, S, fabric)
+                elif kind == "all_gather":
+                    t = all_gather_time_us(p, S, fabric)
+                elif kind == "reduce_scatter":
+                    t = reduce_scatter_time_us(p, S, fabric)
+                else:
+                    t = all_to_all_time_us(p, S, fabric)
+                algbw = S / (t * 1e3) if t > 0 else math.inf
+                f = _BUSBW_FACTOR[kind](p)
+                out.append({"kind": kind, "algo": a, "world": p, "nbytes": int(S), "time_us": t,
+                            "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0})
+    return out

@@ -1,0 +1,94 @@
+"""The loopback's ceiling, measured at the start of a run: on one host the "link" between
+CPU ranks is shared memory, so no fixed figure fits; a single-copy transport cannot beat
+one core's memcpy point to point, and no operation beats the library's 0-byte latency."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+FALLBACK_LLC_NBYTES = 32 << 20
+
+
+def _size_text(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def llc_nbytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Size of the last-level cache from sysfs (the highest level listed)."""
+    best = (0, 0)
+    for d in Path(sysfs).glob("index*"):
+        try:
+            level = int((d / "level").read_text())
+            size = _size_text((d / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        best = max(best, (level, size))
+    return best[1] or FALLBACK_LLC_NBYTES
+
+
+def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = 3) -> float:
+    """One core's copy rate in bytes copied per second (GB/s), best of `repeats` timings of
+    back-to-back copies: the figure a single-copy transport is bounded by. (A STREAM copy
+    figure counts read + write, twice this.)"""
+    from .backends.mpi import aligned_empty
+
+    n = max(int(nbytes), 4096)
+    src, dst = aligned_empty(n, np.uint8), aligned_empty(n, np.uint8)
+    src[:] = 1
+    dst[:] = 0  # first touch outside the timing
+    np.copyto(dst, src)
+    per = time.perf_counter()
+    np.copyto(dst, src)
+    per = max(time.perf_counter() - per, 1e-7)
+    reps = max(1, int(min_time_s / per))
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            np.copyto(dst, src)
+        best = max(best, n * reps / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def latency_us(comm, iters: int = 2000) -> float | None:
+    """p50 of a 0-byte exchange (Sendrecv) between ranks 0 and 1: the library's latency
+    floor, osu_latency's one-way figure. Other ranks wait without spinning."""
+    if comm.size < 2:
+        return None
+    if comm.rank > 1:
+        comm.idle_barrier()
+        return None
+    nbytes = 0 if comm.backend == "mpi" else 1  # gloo cannot send an empty tensor
+    send, recv = comm.alloc(max(nbytes, 1), "uint8"), comm.alloc(max(nbytes, 1), "uint8")
+    if nbytes == 0:
+        send, recv = send[:0], recv[:0]
+    op = comm.send_recv(send, recv, 1 - comm.rank)
+    comm.time_ops(op, 100)
+    t = float(np.median(comm.time_ops(op, iters))) * 1e6
+    comm.idle_barrier()
+    return t
+
+
+def loopback_probe(comm) -> dict:
+    """Collective over `comm`: rank 0 times memcpy inside and beyond the LLC while the
+    others wait; ranks 0 and 1 time the latency. Every rank gets the same dict."""
+    llc = llc_nbytes()
+    res = {"llc_nbytes": llc}
+    if comm.rank == 0:
+        res["memcpy_in_cache_nbytes"] = llc // 4
+        res["memcpy_beyond_cache_nbytes"] = max(4 * llc, 64 << 20)
+        res["memcpy_in_cache_gbps"] = memcpy_gbps(res["memcpy_in_cache_nbytes"])
+        res["memcpy_beyond_cache_gbps"] = memcpy_gbps(res["memcpy_beyond_cache_nbytes"])
+    comm.idle_barrier()
+    lat = latency_us(comm)
+    res["latency_us"] = lat
+    res["latency_nbytes"] = 0 if comm.backend == "mpi" else 1
+    res["latency_method"] = "p50 of a Sendrecv exchange between ranks 0 and 1"
+    got = comm.allgather_obj(res)
+    out = dict(got[0])
+    out["latency_us"] = got[0]["latency_us"] if got[0]["latency_us"] is not None else None
+    return out
