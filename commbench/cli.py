@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--min-time-ms", type=float, help="calibration target per point")
     r.add_argument("--max-iters", type=int)
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help="validate every point")
+    r.add_argument("--timing", help="back_to_back (nccl-tests, default) or barrier (OSU: barrier after each "
+                   "timed operation, outside the timing)")
+    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="GPU: capture the iterations in a CUDA graph, time the replay with CUDA events")
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
                    help="set a benchmark parameter; several values make a sweep axis")
     r.add_argument("--np", type=int, help="start this many local ranks")
@@ -140,6 +144,7 @@ def cmd_run(args, argv: list[str]) -> int:
         "benchmarks": args.benchmarks, "dtypes": args.dtypes, "worlds": args.worlds, "iters": args.iters,
         "warmup": args.warmup, "min_time_ms": args.min_time_ms, "max_iters": args.max_iters,
         "check": args.check, "backend": args.backend, "profile": args.profile,
+        "timing": args.timing, "cuda_graph": args.cuda_graph,
         "sizes": parse_sizes_arg(args.sizes) if args.sizes else None,
     }
     cfg = suite_mod.build_config(raw, overrides)
@@ -154,6 +159,9 @@ def cmd_run(args, argv: list[str]) -> int:
         gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
         if gpu_less:
             raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
+    if cfg.cuda_graph and backend != "nccl":
+        raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
+                         "cannot capture them")
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)
     info = launch.detect()

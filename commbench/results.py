@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+# 2: `timing` is the method (back_to_back | barrier); the clock moved to `clock`.
+SCHEMA_VERSION = 2
 ROW_FIELDS = (
     "schema", "benchmark", "backend", "device", "world", "nbytes", "dtype", "variant", "params",
-    "stage", "iters", "warmup", "timing",
+    "stage", "iters", "warmup", "timing", "clock",
     "time_us_min", "time_us_p50", "time_us_mean", "time_us_p90", "time_us_p99", "time_us_max", "time_us_std",
     "algbw_gbps", "busbw_gbps", "busbw_factor", "check",
 )

@@ -29,7 +29,13 @@ class Harness:
         """Warm up, settle the iteration count, time each iteration; an iteration's time is
         the slowest rank's (a collective is done when its last rank is)."""
         cfg = self.cfg
-        timer = timer or comm.time_ops
+        if timer is None:
+            barrier_each = cfg.timing == "barrier"
+
+            def timer(op, n):
+                if cfg.cuda_graph:
+                    return comm.time_ops(op, n, barrier_each=barrier_each, cuda_graph=True)
+                return comm.time_ops(op, n, barrier_each=barrier_each)
         comm.barrier()
         warm = timer(op, max(cfg.warmup, 0 if cfg.iters else 1))
         if cfg.iters:
@@ -42,7 +48,7 @@ class Harness:
         times = comm.max_over_ranks(timer(op, iters))
         stats = summarize_us(times)
         algbw, busbw = bandwidths_gbps(traffic.nbytes, stats["time_us_p50"], traffic.busbw_factor)
-        return {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": comm.timing_method,
+        return {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, "clock": "cuda_graph" if cfg.cuda_graph else comm.timing_method,
                 **stats, "algbw_gbps": algbw, "busbw_gbps": busbw, "busbw_factor": traffic.busbw_factor}
 
     def run_point(self, comm, point) -> list[dict]:

@@ -23,10 +23,15 @@ SUITE_KEYS = {
     "min_iters": "calibration floor",
     "max_iters": "calibration ceiling",
     "check": "validate every point's data",
+    "timing": "back_to_back (nccl-tests: operations one after another) or barrier (OSU: a barrier after each, untimed)",
+    "cuda_graph": "GPU: capture iterations in a CUDA graph and time its replay (hides launch overhead)",
     "backend": "mpi, gloo or nccl",
     "profile": "hardware profile rows are compared with (built-in name or .toml path; default: loopback on CPU)",
     "params": "per-benchmark parameter tables; a list value is a sweep axis",
 }
+
+
+TIMING_METHODS = ("back_to_back", "barrier")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class SuiteConfig:
     min_iters: int = 5
     max_iters: int = 10000
     check: bool = False
+    timing: str = "back_to_back"
+    cuda_graph: bool = False
     backend: str | None = None
     profile: str | None = None
     params: dict = field(default_factory=dict)
@@ -158,6 +165,12 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
         kw["min_time_ms"] = float(v)
     if "check" in merged:
         kw["check"] = _type("check", merged["check"], bool, "true or false")
+    if "timing" in merged:
+        kw["timing"] = _type("timing", merged["timing"], str, "back_to_back or barrier")
+        if kw["timing"] not in TIMING_METHODS:
+            raise UsageError(f"suite key 'timing' must be one of {', '.join(TIMING_METHODS)}, got {kw['timing']!r}")
+    if "cuda_graph" in merged:
+        kw["cuda_graph"] = _type("cuda_graph", merged["cuda_graph"], bool, "true or false")
     if "backend" in merged:
         kw["backend"] = _type("backend", merged["backend"], str, "a backend name")
     if "profile" in merged:

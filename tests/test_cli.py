@@ -5,6 +5,7 @@ import time
 import pytest
 
 import commbench
+from commbench.results import SCHEMA_VERSION
 from conftest import ROOT, needs_mpi, run_cli
 
 
@@ -25,7 +26,7 @@ def test_quick_then_report_then_load(tmp_path):
     both = commbench.load([out, out])
     assert len(both) == 2 * len(df)
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["suite"] == "quick" and meta["schema"] == 1 and "commbench" in meta["versions"]
+    assert meta["suite"] == "quick" and meta["schema"] == SCHEMA_VERSION and "commbench" in meta["versions"]
 
 
 def test_list_is_fast_and_imports_no_torch():

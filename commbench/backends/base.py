@@ -134,14 +134,23 @@ class Comm:
     def allgather_obj(self, obj) -> list:
         raise NotImplementedError
 
-    def time_ops(self, op: Op, iters: int) -> np.ndarray:
-        """Per-iteration seconds of back-to-back operations (nccl-tests style), host clock.
+    def time_ops(self, op: Op, iters: int, barrier_each: bool = False) -> np.ndarray:
+        """Per-iteration seconds, host clock: operations back to back (nccl-tests), or with
+        a barrier after each, outside the timed window (OSU's collective tests).
 
         The loop body is the bare call between two clock reads: perf_counter costs
         about 0.05 us, which is why it is read once per iteration and nothing else is.
         """
         times = np.empty(iters, dtype=np.float64)
         clock = time.perf_counter
+        if barrier_each:
+            barrier = self.barrier_op()
+            for i in range(iters):
+                t0 = clock()
+                op()
+                times[i] = clock() - t0
+                barrier()
+            return times
         for i in range(iters):
             t0 = clock()
             op()

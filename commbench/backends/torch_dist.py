@@ -105,9 +105,9 @@ class TorchComm(Comm):
         self.dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def time_ops(self, op, iters):
+    def time_ops(self, op, iters, barrier_each=False, cuda_graph=False):
         if self.device != "cuda":
-            return super().time_ops(op, iters)
+            return super().time_ops(op, iters, barrier_each)
         # CUDA events around each operation on the current stream: host clocks would time
         # the launch, not the collective.
         ev = self.torch.cuda.Event
@@ -117,6 +117,8 @@ class TorchComm(Comm):
             starts[i].record()
             op()
             ends[i].record()
+            if barrier_each:
+                self.dist.barrier(group=self.group)
         self.torch.cuda.synchronize()
         return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=np.float64) * 1e-3
 

@@ -349,10 +349,13 @@ class MoE(Benchmark):
                 b.stage_t = np.zeros((n, len(names)))
                 times = np.empty(n)
                 clock = time.perf_counter
+                barrier = comm.barrier_op() if harness.cfg.timing == "barrier" else None
                 for i in range(n):
                     t0 = clock()
                     fn(comm, b, b.stage_t[i])
                     times[i] = clock() - t0
+                    if barrier is not None:
+                        barrier()
                 return times
 
             # Bytes per rank (dispatch side counts; combine counts them at the expert side,
