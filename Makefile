@@ -11,7 +11,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew scaling ceilings model test list bench-overhead clean
+.PHONY: install quick collectives moe moe-decode moe-skew scaling ceilings model gpu-check test list bench-overhead c-loop bench-fidelity clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -50,12 +50,38 @@ model: install
 	$(PY) -m commbench model --kind moe --profile gb300-nvl72,h100-hgx $(ARGS)
 	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,inswitch,hierarchical $(ARGS)
 
+# Every GPU path one GPU allows (nccl with and without CUDA graphs, cupy buffers, the HBM
+# probe), one short table; exits 3 on a machine without CUDA. Use a CUDA torch build there:
+# `make gpu-check TORCH_SPEC=torch`.
+gpu-check: install
+	$(PY) tools/gpu_check.py $(ARGS)
+
 list: install
 	$(PY) -m commbench list
 
 # Harness overhead: commbench's 8 B all_reduce p50 next to a bare mpi4py loop, 2 ranks.
 bench-overhead: install
 	$(VENV)/bin/mpirun $(MPIRUN_FLAGS) -np 2 $(PY) tools/bench_overhead.py
+
+# C reference loop (tools/c_loop.c): plain blocking MPI_Allreduce/MPI_Alltoall, page-aligned
+# buffers, mean time per op; `mpirun -np 2 build/c_loop -m back_to_back|barrier`. The shared
+# library is the same loop for tools/bench_fidelity.py to call in-process.
+MPICC ?= $(VENV)/bin/mpicc
+c-loop: install build/c_loop build/libc_loop.so
+
+build/c_loop: tools/c_loop.c $(VENV)/.installed
+	mkdir -p build
+	$(MPICC) -O2 -o $@ tools/c_loop.c
+
+build/libc_loop.so: tools/c_loop.c $(VENV)/.installed
+	mkdir -p build
+	$(MPICC) -O2 -shared -fPIC -DCB_NO_MAIN -o $@ tools/c_loop.c
+
+# Measurement fidelity: the C loop, a bare mpi4py loop and commbench's harness, paired per
+# size in one 2-rank launch, both timing methods, all_reduce and all_to_all, 8 B..16 MiB.
+FIDELITY_ARGS ?=
+bench-fidelity: install c-loop
+	$(VENV)/bin/mpirun $(MPIRUN_FLAGS) -np 2 $(PY) tools/bench_fidelity.py --lib build/libc_loop.so $(FIDELITY_ARGS)
 
 test: install
 	$(PY) -m pytest -q $(ARGS)

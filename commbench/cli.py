@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--np", type=int, help="start this many local ranks")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
     r.add_argument("--ranks-per-node", type=int, help="override hostname grouping (two tiers on one host)")
+    r.add_argument("--timeout", type=float, dest="timeout_s", metavar="SECONDS",
+                   help="watchdog: end the run when an operation takes this long beyond its expected time "
+                        "(default 300)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted or failed run: skip its finished points")
+    r.add_argument("--dry-run", action="store_true",
+                   help="list the points, memory per rank and a rough time, without communicating")
     _profile_args(r)
 
     sub.add_parser("list", help="benchmarks, backends (and whether they work here), suites")
@@ -134,17 +140,64 @@ def parse_params(items: list[str], benchmarks: tuple) -> dict:
     return out
 
 
+def _resume_config(args):
+    """The suite, backend and launch shape of the run to continue, from its meta.json."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from . import suite as suite_mod
+    from .results import load_meta
+
+    d = Path(args.resume)
+    meta = load_meta(d) if d.is_dir() else {}
+    if not meta or not (d / "rows.jsonl").is_file():
+        raise UsageError(f"--resume {d}: not a commbench run directory (no meta.json and rows.jsonl)")
+    if meta.get("status") in ("complete", "check_failed"):
+        raise UsageError(f"--resume {d}: the run is {meta['status']}; a finished run is never overwritten "
+                         f"(start a new one)")
+    given = [f for f in ("suite", "benchmarks", "sizes", "dtypes", "worlds", "param", "out", "profile")
+             if getattr(args, f, None) not in (None, [], False)]
+    if args.backend not in (None, meta.get("backend")):
+        given.append("backend")
+    if given:
+        raise UsageError(f"--resume takes the run's own settings; drop --{given[0]}")
+    raw = dict(meta.get("config") or {})
+    known = {f.name for f in fields(suite_mod.SuiteConfig)}
+    raw = {k: (tuple(v) if isinstance(v, list) and k != "sizes" else v) for k, v in raw.items() if k in known}
+    if args.timeout_s is not None:
+        raw["timeout_s"] = args.timeout_s
+    cfg = suite_mod.SuiteConfig(**raw)
+    return cfg, meta
+
+
 def cmd_run(args, argv: list[str]) -> int:
+    from pathlib import Path
+
     from . import backends, launch, runner, suite as suite_mod
     from .results import new_run_dir
     from .units import parse_sizes_arg
+
+    if args.np is not None and args.np < 1:
+        raise UsageError(f"--np must be >= 1, got {args.np}")
+    if args.resume:
+        cfg, meta = _resume_config(args)
+        backend, device = meta["backend"], meta.get("device")
+        info = launch.detect()
+        world = args.np if args.np is not None else info.world
+        if world != meta.get("world"):
+            raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+        if args.np is not None:
+            child = _strip_np(argv) + ["--backend", backend]
+            return launch.spawn_local(args.np, backend, child, out_dir=args.resume)
+        return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
+                          meta.get("profile_overrides") or {}, resume=True)
 
     raw = suite_mod.read_suite(args.suite)
     overrides = {
         "benchmarks": args.benchmarks, "dtypes": args.dtypes, "worlds": args.worlds, "iters": args.iters,
         "warmup": args.warmup, "min_time_ms": args.min_time_ms, "max_iters": args.max_iters,
         "check": args.check, "backend": args.backend, "profile": args.profile,
-        "timing": args.timing, "cuda_graph": args.cuda_graph,
+        "timing": args.timing, "cuda_graph": args.cuda_graph, "timeout_s": args.timeout_s,
         "sizes": parse_sizes_arg(args.sizes) if args.sizes else None,
     }
     cfg = suite_mod.build_config(raw, overrides)
@@ -164,7 +217,18 @@ def cmd_run(args, argv: list[str]) -> int:
                          "cannot capture them")
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)
+    if args.out and (Path(args.out) / "rows.jsonl").exists():
+        raise UsageError(f"--out {args.out} already holds a run: continue it with --resume {args.out}, or choose "
+                         f"another directory")
     info = launch.detect()
+    world = args.np if args.np is not None else info.world
+    points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
+    plan = suite_mod.plan(cfg, points, world, args.device or ("cuda" if backend == "nccl" else "cpu"),
+                          check_counts=backend == "mpi")
+    if args.dry_run:
+        if info.rank == 0:
+            suite_mod.print_plan(cfg, plan, world, backend)
+        return 0
     if args.np is not None:
         if args.np < 1:
             raise UsageError(f"--np must be >= 1, got {args.np}")
@@ -179,7 +243,7 @@ def cmd_run(args, argv: list[str]) -> int:
         child = _strip_np(argv) + ["--out", out] if not args.out else _strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
-        return launch.spawn_local(args.np, backend, child)
+        return launch.spawn_local(args.np, backend, child, out_dir=out)
     # Under an external launcher every rank names a directory, but only rank 0 writes one.
     out = args.out or str(new_run_dir(cfg.name))
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p)

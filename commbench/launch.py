@@ -103,31 +103,87 @@ def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list
     return cmd + [sys.executable, "-m", "commbench"] + argv
 
 
-def spawn_local(np_: int, backend: str, argv: list[str]) -> int:
-    """Start np_ ranks on this host and wait; returns the worst exit status."""
+# After SIGINT or a lost rank, how long the ranks get to mark the run and exit before
+# they are killed.
+GRACE_S = 10.0
+
+
+def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None) -> int:
+    """Start np_ ranks on this host and wait; returns the worst exit status.
+
+    mpi: one mpirun, which ends the job when a rank dies. gloo/nccl: np_ processes; when
+    one exits non-zero the others would wait on it forever, so they are stopped. Ctrl-C
+    (SIGINT to this launcher) is passed to the ranks, which mark the run interrupted. At
+    the end the run's meta.json is checked: a run whose rank 0 died before it could say
+    so is marked failed here."""
+    import signal
+    import time
+
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
     if backend == "mpi":
-        return subprocess.call(mpirun_command(np_, argv))
-    port = free_port()
-    procs = []
-    for r in range(np_):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env))
-    status = 0
-    try:
-        for p in procs:
-            rc = p.wait()
-            status = status or rc
-            if rc:
-                # One rank failed: the others would wait forever on it.
-                for q in procs:
-                    if q.poll() is None:
-                        q.terminate()
-    except KeyboardInterrupt:
-        for q in procs:
-            q.terminate()
+        # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
+        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True)]
+    else:
+        port = free_port()
+        procs = []
+        for r in range(np_):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
+                                          start_new_session=True))
+    interrupted, status, stop_at = False, 0, None
+    while True:
+        try:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            bad = [c for c in codes if c not in (None, 0)]
+            if bad and stop_at is None:
+                status = status or bad[0]
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                stop_at = time.monotonic() + GRACE_S
+            if stop_at is not None and time.monotonic() > stop_at:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            if interrupted:  # a second Ctrl-C: no more waiting
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                continue
+            interrupted = True
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGINT)
+            stop_at = time.monotonic() + GRACE_S
+    codes = [p.wait() for p in procs]
+    status = status or next((c for c in codes if c), 0)
+    if interrupted:
         status = 130
-    for q in procs:
-        q.wait()
+    if out_dir:
+        _settle_meta(out_dir, status, interrupted)
     return status
+
+
+def _settle_meta(out_dir: str, status: int, interrupted: bool) -> None:
+    """Mark a run the ranks could not mark themselves (rank 0 killed, or stopped by us)."""
+    import json
+
+    meta_path = Path(out_dir) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return
+    if interrupted and meta.get("status") in ("running", "failed"):
+        meta.update(status="interrupted", reason=meta.get("reason") or "interrupted (SIGINT to the launcher)")
+    elif status and meta.get("status") == "running":
+        meta.update(status="failed", reason=f"ranks exited with status {status} before rank 0 could finish the run")
+    else:
+        return
+    tmp = meta_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, meta_path)

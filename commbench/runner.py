@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -11,6 +13,7 @@ from .benchmarks import get
 from .report import stdout_is_tty
 from .results import SCHEMA_VERSION, RunWriter, base_meta
 from .stats import bandwidths_gbps, calibrate_iters, summarize_us
+from .units import fmt_size
 
 
 def node_ids(hosts: list[str], ranks_per_node: int | None) -> list[int]:
@@ -21,9 +24,32 @@ def node_ids(hosts: list[str], ranks_per_node: int | None) -> list[int]:
     return [order.setdefault(h, len(order)) for h in hosts]
 
 
+def describe(point) -> str:
+    """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
+    what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
+            f"{fmt_size(point.nbytes)} {point.dtype}")
+    return f"{point.benchmark} {what} world {point.world} variant {getattr(point, 'variant', 'default')}"
+
+
+def clock_name(cfg, comm, op) -> str:
+    """How a row's samples were clocked: the loop in C (mpi_timeloop) reads the same
+    monotonic clock per iteration as the Python loop, and the row says which loop ran."""
+    if cfg.cuda_graph:
+        return "cuda_graph"
+    if getattr(op, "compiled_loop", None) is not None:
+        return "host_clock_compiled_loop"
+    return comm.timing_method
+
+
 class Harness:
-    def __init__(self, cfg: suite_mod.SuiteConfig):
+    def __init__(self, cfg: suite_mod.SuiteConfig, guard=None):
         self.cfg = cfg
+        self.guard = guard
+        self.where = ""
+
+    def arm(self, phase: str, budget_s: float = 0.0) -> None:
+        if self.guard is not None:
+            self.guard.arm(f"{self.where} ({phase})" if self.where else phase, budget_s)
 
     def time_op(self, comm, point, op, traffic, stage: str = "", timer=None) -> dict:
         """Warm up, settle the iteration count, time each iteration; an iteration's time is
@@ -36,36 +62,46 @@ class Harness:
                 if cfg.cuda_graph:
                     return comm.time_ops(op, n, barrier_each=barrier_each, cuda_graph=True)
                 return comm.time_ops(op, n, barrier_each=barrier_each)
+        self.arm(f"{stage + ' ' if stage else ''}warm-up")
         comm.barrier()
         warm = timer(op, max(cfg.warmup, 0 if cfg.iters else 1))
-        if cfg.iters:
-            iters = cfg.iters
-        else:
-            # Every rank must run the same count: agree on the slowest rank's estimate.
-            est = float(comm.max_over_ranks(np.array([np.median(warm)]))[0])
-            iters = calibrate_iters(est, cfg.min_time_ms / 1e3, cfg.min_iters, cfg.max_iters)
+        # Every rank must run the same count: agree on the slowest rank's estimate.
+        est = float(comm.max_over_ranks(np.array([np.median(warm) if len(warm) else 0.0]))[0])
+        iters = cfg.iters or calibrate_iters(est, cfg.min_time_ms / 1e3, cfg.min_iters, cfg.max_iters)
+        # The watchdog allows the loop twice its expected time on top of the timeout; a CUDA
+        # graph replays up to 100 operations per sample (timing.choose_ops_per_replay).
+        self.arm(f"{stage + ' ' if stage else ''}timed loop", 2 * iters * est * (100 if cfg.cuda_graph else 1))
         comm.barrier()
         times = comm.max_over_ranks(timer(op, iters))
         stats = summarize_us(times)
         algbw, busbw = bandwidths_gbps(traffic.nbytes, stats["time_us_p50"], traffic.busbw_factor)
-        return {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, "clock": "cuda_graph" if cfg.cuda_graph else comm.timing_method,
+        return {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, "clock": clock_name(cfg, comm, op),
                 **stats, "algbw_gbps": algbw, "busbw_gbps": busbw, "busbw_factor": traffic.busbw_factor}
 
     def run_point(self, comm, point) -> list[dict]:
         bench = get(point.benchmark)
+        self.where = describe(point)
+        self.arm("setup")
         bufs = bench.setup(comm, point)
         check = "skipped"
         bench.fill(comm, bufs)
         if self.cfg.check and bench.checks:
+            self.arm("check")
             bench.op(comm, bufs)()
             comm.sync()
             ok = bench.check(comm, bufs)
             check = "ok" if comm.min_over_ranks(np.array([1.0 if ok else 0.0]))[0] > 0 else "fail"
         frags = bench.measure(self, comm, point, bufs)
-        base = {"schema": SCHEMA_VERSION, "benchmark": point.benchmark, "backend": comm.backend,
+        # Peak resident memory so far (the slowest-to-free rank's), to show buffers are
+        # allocated once per point and nothing grows with the iterations.
+        import resource
+
+        rss = float(comm.max_over_ranks(np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0]))[0])
+        base = {"schema": SCHEMA_VERSION, "point_key": point_key(point), "benchmark": point.benchmark,
+                "backend": comm.backend,
                 "device": comm.device, "world": point.world, "nbytes": point.nbytes, "dtype": point.dtype,
                 "variant": "default", "params": point.params}
-        return [{**base, **frag, "check": frag.get("check", check)} for frag in frags]
+        return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
 
 
 class Progress:
@@ -136,9 +172,20 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
     return prof, meta
 
 
+def point_key(point) -> str:
+    """What identifies a point across a run and its resumption."""
+    import json
+
+    return f"{point.benchmark}|{point.world}|{point.nbytes}|{point.dtype}|{json.dumps(point.params, sort_keys=True)}"
+
+
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
-        ranks_per_node: int | None = None, profile_overrides: dict | None = None) -> int:
-    """Run a validated suite on this rank (inside a launch); returns the exit status."""
+        ranks_per_node: int | None = None, profile_overrides: dict | None = None, resume: bool = False) -> int:
+    """Run a validated suite on this rank (inside a launch); returns the exit status.
+    resume: out_dir holds an unfinished run of this suite; its finished points are skipped."""
+    from .guard import Guard
+    from .results import read_rows
+
     info = launch.detect()
     points, notes = suite_mod.expand(cfg, info.world, backends.BACKEND_DTYPES[backend_name])
     if backend_name in ("gloo", "nccl"):
@@ -146,29 +193,60 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     backend = backends.create(backend_name, device)
     world = backend.init(info)
     is_root = world.rank == 0
+    # Every rank names a directory under an external launcher; rank 0's is the run's.
+    out_dir = world.allgather_obj(str(out_dir))[0]
+    guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s)
+    guard.start()
+    guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
     nodes = node_ids(hosts, ranks_per_node)
+    guard.arm("loopback probe")
     profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     writer = None
+    done_keys: set = set()
     if is_root:
-        meta = base_meta(argv)
-        meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": backend_name,
-                     "device": backend.device, "world": world.size, "launcher": info.launcher,
-                     "hosts": hosts, "nodes": nodes, "ranks_per_node": ranks_per_node,
-                     "gpus": backend.gpu_names(), "points": len(points), "ceilings": prof_meta})
-        meta["versions"].update(backend.versions())
+        if resume:
+            from .results import load_meta
+
+            meta = load_meta(out_dir)
+            old_rows = read_rows(Path(out_dir) / "rows.jsonl")
+            done_keys = {r.get("point_key") for r in old_rows}
+            meta.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv,
+                                                   "previous_status": meta.get("status"),
+                                                   "previous_reason": meta.get("reason")})
+            meta.update(status="running", reason=None)
+        else:
+            meta = base_meta(argv)
+            meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": backend_name,
+                         "device": backend.device, "world": world.size, "launcher": info.launcher,
+                         "hosts": hosts, "nodes": nodes, "ranks_per_node": ranks_per_node,
+                         "gpus": backend.gpu_names(), "points": len(points), "ceilings": prof_meta,
+                         "profile_overrides": profile_overrides or {}})
+            meta["versions"].update(backend.versions())
+            if backend_name == "mpi" and backend.device == "cpu":
+                from .backends import mpi_timeloop
+
+                mpi_timeloop.load(world.MPI)
+                meta["timing_loop"] = mpi_timeloop.status()
         writer = RunWriter(out_dir, meta)
+        guard.on_fatal = writer.finish
         for n in notes:
             print(f"note: {n}", flush=True)
-    harness = Harness(cfg)
-    progress = Progress(len(points), is_root)
+    done_keys = set(world.allgather_obj(sorted(k for k in done_keys if k))[0])
+    todo = [p for p in points if point_key(p) not in done_keys]
+    if is_root and resume:
+        print(f"resume: {len(points) - len(todo)} of {len(points)} points already in {out_dir}, "
+              f"{len(todo)} to run", flush=True)
+    harness = Harness(cfg, guard)
+    progress = Progress(len(todo), is_root)
     rows, status = [], "complete"
     try:
-        for w in sorted({p.world for p in points}):
+        for w in sorted({p.world for p in todo}):
+            guard.arm(f"creating the world-{w} communicator")
             comm = backend.split(w)
             if comm is not None:
                 comm.node_of_rank = nodes[:w]  # for per-tier (scale-up / scale-out) accounting
-            for point in (p for p in points if p.world == w):
+            for point in (p for p in todo if p.world == w):
                 if comm is None:
                     continue
                 point_rows = harness.run_point(comm, point)
@@ -178,13 +256,17 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
                         writer.append(r)
                     rows.extend(point_rows)
                     progress.update(point, point_rows)
+            # Ranks outside world w wait here for the others, as long as the sweep takes.
+            guard.disarm()
             world.idle_barrier()
     except BaseException as e:  # keep finished rows, mark the run, then let it end the process
+        guard.disarm()
         status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         progress.close()
         if writer:
-            writer.finish(status, f"{type(e).__name__}: {e}")
+            writer.finish(status, f"{type(e).__name__}: {e} at {harness.where or 'start-up'}")
         raise
+    guard.arm("finishing")
     progress.close()
     failed = [r for r in rows if r["check"] == "fail"]
     if writer:
@@ -198,6 +280,7 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
     bad = world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
+    guard.stop()
     backend.finalize()
     return 1 if bad else 0
 

@@ -1,6 +1,7 @@
 """torch.distributed backend: gloo on CPU, nccl on CUDA."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from datetime import timedelta
@@ -8,6 +9,7 @@ from datetime import timedelta
 import numpy as np
 
 from ..errors import UsageError
+from ..timing import time_with_events, time_with_graph
 from .base import Comm, Handle
 
 
@@ -24,6 +26,11 @@ class TorchComm(Comm):
         self.device = device
         self.tdev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.timing_method = "cuda_event" if device == "cuda" else "host_clock"
+        # CUDA-graph timing: operations per replay (None: chosen from the warm-up, see
+        # timing.choose_ops_per_replay) and the count the last timed call used.
+        self.graph_ops_per_replay: int | None = None
+        self.last_ops_per_replay: int | None = None
+        self._warm_stream = None
         self._dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                         "int32": torch.int32, "float64": torch.float64, "uint8": torch.uint8}
         # all_gather_single replaces all_gather_into_tensor in newer torch.
@@ -106,21 +113,58 @@ class TorchComm(Comm):
         return out
 
     def time_ops(self, op, iters, barrier_each=False, cuda_graph=False):
+        """CPU: the host clock (Comm.time_ops). CUDA: events around each operation on the
+        current stream (host clocks would time the launch, not the collective); with
+        cuda_graph, operations captured in one CUDA graph and replays timed with events
+        (commbench.timing.time_with_graph: each sample is a per-operation mean over a
+        replay). The barrier of barrier_each runs between samples, outside the events.
+        self.last_ops_per_replay is the graph's operation count (None without a graph)."""
         if self.device != "cuda":
+            if cuda_graph:
+                raise UsageError("--cuda-graph needs CUDA buffers")
             return super().time_ops(op, iters, barrier_each)
-        # CUDA events around each operation on the current stream: host clocks would time
-        # the launch, not the collective.
-        ev = self.torch.cuda.Event
-        starts = [ev(enable_timing=True) for _ in range(iters)]
-        ends = [ev(enable_timing=True) for _ in range(iters)]
-        for i in range(iters):
-            starts[i].record()
-            op()
-            ends[i].record()
-            if barrier_each:
-                self.dist.barrier(group=self.group)
-        self.torch.cuda.synchronize()
-        return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=np.float64) * 1e-3
+        torch = self.torch
+        between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
+        if not cuda_graph:
+            self.last_ops_per_replay = None
+            return time_with_events(op, iters, self._event, torch.cuda.synchronize, between=between)
+        info: dict = {}
+        times = time_with_graph(op, iters, self.graph_ops_per_replay, self._capture, self._replay, self._event,
+                                torch.cuda.synchronize, between=between, side_stream=self._side_stream, info=info)
+        if "ops_per_replay" in info:
+            self.last_ops_per_replay = info["ops_per_replay"]
+        return times
+
+    # --- CUDA graph plumbing (torch.cuda) -------------------------------------------
+    def _event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """Warm-up before capture runs on a side stream, as torch.cuda.graph asks; the
+        current stream then waits for it."""
+        torch = self.torch
+        if self._warm_stream is None:
+            self._warm_stream = torch.cuda.Stream()
+        s = self._warm_stream
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            yield
+        torch.cuda.current_stream().wait_stream(s)
+
+    def _capture(self, body):
+        """One graph of body()'s collectives. torch.cuda.graph captures on its own
+        non-default stream; ProcessGroupNCCL joins its NCCL stream to the capture (NCCL >=
+        2.9.6). thread_local: the NCCL watchdog thread's event queries must not break it."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            body()
+        return graph
+
+    @staticmethod
+    def _replay(graph):
+        graph.replay()
 
 
 class TorchBackend:

@@ -96,6 +96,22 @@ class Benchmark:
         does not measure the same point twice."""
         return params
 
+    stages = 1  # timed rows per point (moe: dispatch and combine)
+
+    def memory_nbytes(self, point: Point) -> int:
+        """Bytes of buffers one rank holds for this point (send + receive by default)."""
+        return 2 * point.nbytes
+
+    def max_count(self, point: Point) -> int:
+        """The largest count (elements, or bytes for byte buffers) one call passes the
+        library: MPI takes C ints there unless it has MPI-4 large-count calls."""
+        return point.nbytes // point.elem_nbytes
+
+    def plan_nbytes(self, point: Point) -> int:
+        """Bytes one operation moves per rank, for --dry-run's rough time."""
+        t = self.traffic(point)
+        return int(t.nbytes * max(t.busbw_factor, 1.0))
+
     def validate(self, point: Point) -> None:
         """Raise UsageError for a point that cannot run (called before any rank communicates)."""
 
@@ -123,13 +139,50 @@ class Benchmark:
         return [harness.time_op(comm, point, self.op(comm, bufs), self.traffic(point))]
 
 
-def pattern(count: int, rank: int, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
-    """Integer-valued check data that identifies its rank and position, small enough that a
-    sum over `world` ranks stays exact in `dtype` (bfloat16 holds integers only up to 256)."""
+def pattern_at(idx, rank, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
+    """Integer-valued check data at element positions `idx` of rank `rank` (both may be
+    arrays): it identifies rank and position, and stays small enough that a sum over
+    `world` ranks is exact in `dtype` (bfloat16 holds integers only up to 256)."""
     limit = EXACT_INT_LIMIT[dtype]
     modulus = max(2, min(251, (limit // max(world, 1)) if reduce else limit))
-    idx = np.arange(count, dtype=np.int64)
-    return ((idx * 7 + rank * 13 + salt) % modulus).astype(np.float64)
+    return ((np.asarray(idx, dtype=np.int64) * 7 + np.asarray(rank, dtype=np.int64) * 13 + salt)
+            % modulus).astype(np.float64)
+
+
+def pattern(count: int, rank: int, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
+    return pattern_run(0, count, rank, dtype, world, reduce, salt)
+
+
+def pattern_run(start: int, count: int, rank: int, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
+    """pattern_at over positions start..start+count-1, by repeating one period (the values
+    repeat every `modulus` positions): memory-speed, where the modular arithmetic per
+    element costs ~5 ns, 2.5 s per pass over a 2 GiB float32 buffer."""
+    limit = EXACT_INT_LIMIT[dtype]
+    modulus = max(2, min(251, (limit // max(world, 1)) if reduce else limit))
+    period = pattern_at(np.arange(start, start + min(modulus, count), dtype=np.int64), rank, dtype, world, reduce, salt)
+    return np.resize(period, count) if count > period.size else period
+
+
+# Fill and check walk a buffer in chunks of this many elements, so the float64 expected
+# values and their temporaries cost tens of MiB, not several times the message (a 2 GiB float32
+# buffer would need 4 GiB of float64 expectations at once, and twice that in temporaries).
+CHUNK_ELEMS = 1 << 20
+
+
+def fill_chunked(comm, buf, count: int, values_at) -> None:
+    """buf[lo:hi] = values_at(lo, hi), chunk by chunk."""
+    for lo in range(0, count, CHUNK_ELEMS):
+        hi = min(lo + CHUNK_ELEMS, count)
+        comm.fill(buf[lo:hi], values_at(lo, hi))
+
+
+def equal_chunked(comm, buf, count: int, values_at) -> bool:
+    """Does buf hold exactly values_at(lo, hi) everywhere? Chunk by chunk."""
+    for lo in range(0, count, CHUNK_ELEMS):
+        hi = min(lo + CHUNK_ELEMS, count)
+        if not np.array_equal(comm.to_numpy(buf[lo:hi]), values_at(lo, hi)):
+            return False
+    return True
 
 
 _REGISTRY: dict[str, Benchmark] = {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
-from .base import Benchmark, Point, Traffic, pattern, register
+from .base import Benchmark, Point, Traffic, equal_chunked, fill_chunked, pattern_at, pattern_run, register
 
 
 @dataclass
@@ -25,8 +25,26 @@ def _ring(n: int) -> float:
 class _Collective(Benchmark):
     reduce = False  # data summed across ranks: keep it exact
 
-    def _pat(self, point, count, rank, salt=0):
-        return pattern(count, rank, point.dtype, point.world, self.reduce, salt)
+    def _at(self, point, rank, offset=0):
+        """values_at(lo, hi) of rank's pattern from element `offset` on (rank may be a
+        function of the element index, for buffers that hold several ranks' blocks)."""
+        def values_at(lo, hi):
+            if not callable(rank) and not callable(offset):
+                return pattern_run(lo + offset, hi - lo, rank, point.dtype, point.world, self.reduce)
+            idx = np.arange(lo, hi, dtype=np.int64)
+            r = rank(idx) if callable(rank) else rank
+            return pattern_at(idx + (offset(idx) if callable(offset) else offset), r, point.dtype, point.world,
+                              self.reduce)
+        return values_at
+
+    def _sum_at(self, point, world, offset=0):
+        """values_at of the sum over every rank's pattern (what a reduction yields)."""
+        parts = [self._at(point, r, offset) for r in range(world)]
+        return lambda lo, hi: sum(f(lo, hi) for f in parts)
+
+    @staticmethod
+    def _const(value):
+        return lambda lo, hi: np.full(hi - lo, value)
 
 
 @register
@@ -39,18 +57,16 @@ class AllReduce(_Collective):
         return Bufs(point, comm.alloc(c, point.dtype), comm.alloc(c, point.dtype), c)
 
     def fill(self, comm, b):
-        data = self._pat(b.point, b.count, comm.rank)
         # torch has no out-of-place all_reduce: its op reduces recv in place, so recv
         # starts as a copy of the input on every backend.
-        comm.fill(b.send, data)
-        comm.fill(b.recv, data)
+        fill_chunked(comm, b.send, b.count, self._at(b.point, comm.rank))
+        fill_chunked(comm, b.recv, b.count, self._at(b.point, comm.rank))
 
     def op(self, comm, b):
         return comm.all_reduce(b.send, b.recv)
 
     def check(self, comm, b):
-        want = sum(self._pat(b.point, b.count, r) for r in range(comm.size))
-        return np.array_equal(comm.to_numpy(b.recv), want)
+        return equal_chunked(comm, b.recv, b.count, self._sum_at(b.point, comm.size))
 
     def traffic(self, point):
         return Traffic(point.nbytes, 2 * _ring(point.world))
@@ -59,6 +75,12 @@ class AllReduce(_Collective):
 @register
 class ReduceScatter(_Collective):
     name = "reduce_scatter"
+
+    def max_count(self, point):  # one rank's block per call
+        return point.nbytes // point.elem_nbytes // point.world
+
+    def memory_nbytes(self, point):  # input S, output S/n
+        return point.nbytes + point.nbytes // point.world
     reduce = True
 
     def unit_nbytes(self, world, elem_nbytes, params):
@@ -69,16 +91,15 @@ class ReduceScatter(_Collective):
         return Bufs(point, comm.alloc(k * point.world, point.dtype), comm.alloc(k, point.dtype), k)
 
     def fill(self, comm, b):
-        comm.fill(b.send, self._pat(b.point, b.count * comm.size, comm.rank))
-        comm.fill(b.recv, np.full(b.count, -1.0))
+        fill_chunked(comm, b.send, b.count * comm.size, self._at(b.point, comm.rank))
+        fill_chunked(comm, b.recv, b.count, self._const(-1.0))
 
     def op(self, comm, b):
         return comm.reduce_scatter(b.send, b.recv)
 
     def check(self, comm, b):
-        k, n = b.count, comm.size
-        want = sum(self._pat(b.point, k * n, r) for r in range(n))[comm.rank * k:(comm.rank + 1) * k]
-        return np.array_equal(comm.to_numpy(b.recv), want)
+        # This rank's block of the summed input.
+        return equal_chunked(comm, b.recv, b.count, self._sum_at(b.point, comm.size, offset=comm.rank * b.count))
 
     def traffic(self, point):
         return Traffic(point.nbytes, _ring(point.world))
@@ -88,6 +109,12 @@ class ReduceScatter(_Collective):
 class AllGather(_Collective):
     name = "all_gather"
 
+    def max_count(self, point):  # one rank's block per call
+        return point.nbytes // point.elem_nbytes // point.world
+
+    def memory_nbytes(self, point):  # input S/n, output S
+        return point.nbytes + point.nbytes // point.world
+
     def unit_nbytes(self, world, elem_nbytes, params):
         return world * elem_nbytes
 
@@ -96,15 +123,16 @@ class AllGather(_Collective):
         return Bufs(point, comm.alloc(k, point.dtype), comm.alloc(k * point.world, point.dtype), k)
 
     def fill(self, comm, b):
-        comm.fill(b.send, self._pat(b.point, b.count, comm.rank))
-        comm.fill(b.recv, np.full(b.count * comm.size, -1.0))
+        fill_chunked(comm, b.send, b.count, self._at(b.point, comm.rank))
+        fill_chunked(comm, b.recv, b.count * comm.size, self._const(-1.0))
 
     def op(self, comm, b):
         return comm.all_gather(b.send, b.recv)
 
     def check(self, comm, b):
-        want = np.concatenate([self._pat(b.point, b.count, r) for r in range(comm.size)])
-        return np.array_equal(comm.to_numpy(b.recv), want)
+        k = b.count  # block r of the output is rank r's input
+        return equal_chunked(comm, b.recv, k * comm.size,
+                             self._at(b.point, lambda i: i // k, offset=lambda i: -(i // k) * k))
 
     def traffic(self, point):
         return Traffic(point.nbytes, _ring(point.world))
@@ -113,6 +141,9 @@ class AllGather(_Collective):
 @register
 class AllToAll(_Collective):
     name = "all_to_all"
+
+    def max_count(self, point):  # the per-peer chunk, and the whole buffer's offsets below 2^31 too
+        return point.nbytes // point.elem_nbytes
 
     def unit_nbytes(self, world, elem_nbytes, params):
         return world * elem_nbytes
@@ -123,16 +154,16 @@ class AllToAll(_Collective):
         return Bufs(point, comm.alloc(k * n, point.dtype), comm.alloc(k * n, point.dtype), k)
 
     def fill(self, comm, b):
-        comm.fill(b.send, self._pat(b.point, b.count * comm.size, comm.rank))
-        comm.fill(b.recv, np.full(b.count * comm.size, -1.0))
+        fill_chunked(comm, b.send, b.count * comm.size, self._at(b.point, comm.rank))
+        fill_chunked(comm, b.recv, b.count * comm.size, self._const(-1.0))
 
     def op(self, comm, b):
         return comm.all_to_all(b.send, b.recv)
 
     def check(self, comm, b):
-        k, n, me = b.count, comm.size, comm.rank
-        want = np.concatenate([self._pat(b.point, k * n, src)[me * k:(me + 1) * k] for src in range(n)])
-        return np.array_equal(comm.to_numpy(b.recv), want)
+        k, me = b.count, comm.rank  # block src of the output is block `me` of src's input
+        return equal_chunked(comm, b.recv, k * comm.size,
+                             self._at(b.point, lambda i: i // k, offset=lambda i: me * k - (i // k) * k))
 
     def traffic(self, point):
         return Traffic(point.nbytes, _ring(point.world))
@@ -143,20 +174,23 @@ class Broadcast(_Collective):
     name = "broadcast"
     root = 0
 
+    def memory_nbytes(self, point):  # one buffer
+        return point.nbytes
+
     def setup(self, comm, point):
         c = point.nbytes // point.elem_nbytes
         return Bufs(point, None, comm.alloc(c, point.dtype), c)
 
     def fill(self, comm, b):
         # Non-roots start with a value the root never sends, so a missed copy shows.
-        data = self._pat(b.point, b.count, self.root) if comm.rank == self.root else np.full(b.count, -1.0)
-        comm.fill(b.recv, data)
+        fill_chunked(comm, b.recv, b.count,
+                     self._at(b.point, self.root) if comm.rank == self.root else self._const(-1.0))
 
     def op(self, comm, b):
         return comm.broadcast(b.recv, self.root)
 
     def check(self, comm, b):
-        return np.array_equal(comm.to_numpy(b.recv), self._pat(b.point, b.count, self.root))
+        return equal_chunked(comm, b.recv, b.count, self._at(b.point, self.root))
 
     def traffic(self, point):
         return Traffic(point.nbytes, 1.0)
@@ -180,14 +214,14 @@ class SendRecv(_Collective):
         return Bufs(point, comm.alloc(c, point.dtype), comm.alloc(c, point.dtype), c)
 
     def fill(self, comm, b):
-        comm.fill(b.send, self._pat(b.point, b.count, comm.rank))
-        comm.fill(b.recv, np.full(b.count, -1.0))
+        fill_chunked(comm, b.send, b.count, self._at(b.point, comm.rank))
+        fill_chunked(comm, b.recv, b.count, self._const(-1.0))
 
     def op(self, comm, b):
         return comm.send_recv(b.send, b.recv, comm.rank ^ 1)
 
     def check(self, comm, b):
-        return np.array_equal(comm.to_numpy(b.recv), self._pat(b.point, b.count, comm.rank ^ 1))
+        return equal_chunked(comm, b.recv, b.count, self._at(b.point, comm.rank ^ 1))
 
     def traffic(self, point):
         return Traffic(point.nbytes, 1.0)

@@ -30,6 +30,7 @@ from .base import Benchmark, Param, Traffic, register
 
 DISPATCH_STAGES = ("layout", "counts", "pack", "a2a", "unpack")
 COMBINE_STAGES = ("pack", "a2a", "reduce")
+INT_MAX = 2**31 - 1
 HEADER = 8  # bytes at the start of each dispatched row: int32 source rank, int32 token index
 
 
@@ -173,6 +174,32 @@ class MoE(Benchmark):
         "seed": Param(0, "routing seed", int, minimum=0),
     }
 
+    stages = 2
+
+    def memory_nbytes(self, point):
+        """x, dispatch send/receive, combine send/receive (and the expert-ordered copies for
+        expert copies), and combine's fp32 output, at the expected copies per token."""
+        p, w = point.params, max(point.world, 1)
+        rb_d, rb_c = M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16")
+        copies = p["topk"] if p["copies"] == "expert" else M.expected_dest_ranks(p["experts"], p["topk"], w)
+        rows = p["tokens"] * copies
+        extra = 2 if p["copies"] == "expert" else 1
+        return int(p["tokens"] * rb_d + rows * (2 * rb_d + 2 * rb_c) + (extra - 1) * rows * (rb_d + rb_c)
+                   + p["tokens"] * p["hidden"] * 4)
+
+    def max_count(self, point):
+        # Rows travel as bytes: a receive buffer's byte offsets reach its size. Expected
+        # rows, doubled for routing skew; setup checks the real layout again.
+        p = point.params
+        copies = p["topk"] if p["copies"] == "expert" else M.expected_dest_ranks(p["experts"], p["topk"], point.world)
+        return int(2 * p["tokens"] * copies * M.token_bytes(p["hidden"], p["dispatch_dtype"]))
+
+    def plan_nbytes(self, point):
+        # Host-side packing and the combine reduction run at about 1 GB/s on the loopback:
+        # five times the planning rate's worth of bytes.
+        p = point.params
+        return 5 * int(p["tokens"] * p["topk"] * M.token_bytes(p["hidden"], p["dispatch_dtype"]))
+
     # --- pure helpers -----------------------------------------------------------
     @staticmethod
     def routing_params(p: dict, world: int) -> dict:
@@ -219,6 +246,9 @@ class MoE(Benchmark):
         local = p["experts"] // world if p["copies"] == "expert" else 1
         rb_d, rb_c = M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16")
         n_send, n_recv = layout.num_rows, int(matrix[:, rank].sum())
+        if comm.backend == "mpi" and max(n_send, n_recv) * max(rb_d, rb_c) > INT_MAX:
+            raise UsageError(f"moe: rank {rank} would move {max(n_send, n_recv) * max(rb_d, rb_c)} bytes in one call, "
+                             f"over the 2^31-1 count MPI takes without MPI-4 large-count calls: fewer tokens")
         expert = p["copies"] == "expert"
         return MoEBufs(
             point, routing_for, r.topk_idx, r.weights, layout, matrix, local, rb_d, rb_c,

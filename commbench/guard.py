@@ -1,0 +1,157 @@
+"""Every rank's guardian thread: the per-operation watchdog and the signal handling that
+keep a stuck or dying run from hanging or losing what it finished.
+
+Why a thread: a rank stuck inside a blocking MPI or gloo call never returns to the
+interpreter, so neither a Python signal handler nor an exception can reach it. The
+guardian can: it is woken by the deadline or by the bytes the C-level signal handler
+writes to a wakeup pipe, records the failure (rank 0 marks meta.json) and ends the
+process with os._exit.
+
+Progress files: each rank writes where it is (point index and phase) to
+<run>/.progress/rank-N at every phase change, never inside a timed loop. On a timeout the
+guardian reads them to name the ranks that did not arrive.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_SIGNAL_BASE = 128
+
+
+class Guard:
+    def __init__(self, rank: int, world: int, run_dir: Path | None, timeout_s: float, on_fatal=None):
+        self.rank, self.world = rank, world
+        self.timeout_s = float(timeout_s)
+        self.on_fatal = on_fatal  # rank 0: (status, reason) -> None, marks meta.json
+        self.progress_dir = Path(run_dir) / ".progress" if run_dir else None
+        self._lock = threading.Lock()
+        self._deadline = None
+        self._where = "starting"
+        self._step = 0
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._wfd, False)
+        self._stopped = False
+        self._thread = None
+
+    # --- main thread ---------------------------------------------------------------
+    def start(self) -> None:
+        if self.progress_dir is not None:
+            try:
+                self.progress_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                self.progress_dir = None
+        # The C-level handler writes the signal number to the pipe even while the main
+        # thread sits in a blocking call; the Python-level handler itself does nothing.
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, lambda *_: None)
+        self._thread = threading.Thread(target=self._watch, name="commbench-guard", daemon=True)
+        self._thread.start()
+
+    def arm(self, where: str, budget_s: float = 0.0) -> None:
+        """Enter a phase: it must finish within timeout + budget (the time its operations
+        are expected to take); `where` names it in any failure message."""
+        with self._lock:
+            self._where = where
+            self._step += 1
+            # Rank 0 fires first: it owns meta.json and can see which ranks did not arrive;
+            # the others follow a little later, so every rank still ends in bounded time.
+            grace = 0.0 if self.rank == 0 else min(5.0, 0.5 * self.timeout_s)
+            self._deadline = time.monotonic() + self.timeout_s + max(0.0, budget_s) + grace
+        self._write_progress(where)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.disarm()
+        try:
+            os.write(self._wfd, b"\0")
+        except OSError:
+            pass
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+
+    # --- progress files ------------------------------------------------------------
+    def _write_progress(self, where: str) -> None:
+        if self.progress_dir is None:
+            return
+        try:
+            tmp = self.progress_dir / f".rank-{self.rank}.tmp"
+            tmp.write_text(json.dumps({"step": self._step, "where": where, "time": time.time()}))
+            os.replace(tmp, self.progress_dir / f"rank-{self.rank}")
+        except OSError:
+            pass
+
+    def behind(self) -> list[int] | None:
+        """Ranks whose last recorded step is behind this rank's (they did not arrive), or
+        None when that is not knowable (no shared run directory)."""
+        if self.progress_dir is None:
+            return None
+        late = []
+        for r in range(self.world):
+            try:
+                step = json.loads((self.progress_dir / f"rank-{r}").read_text())["step"]
+            except (OSError, ValueError, KeyError):
+                late.append(r)
+                continue
+            if step < self._step:
+                late.append(r)
+        return late
+
+    # --- guardian thread -----------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopped:
+            with self._lock:
+                deadline = self._deadline
+            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            ready, _, _ = select.select([self._rfd], [], [], wait)
+            if self._stopped:
+                return
+            if ready:
+                data = os.read(self._rfd, 64)
+                sigs = [b for b in data if b]
+                if sigs:
+                    self._fatal_signal(sigs[0])
+                continue
+            with self._lock:
+                deadline, where = self._deadline, self._where
+            if deadline is not None and time.monotonic() > deadline:
+                self._fatal_timeout(where)
+
+    def _fatal_timeout(self, where: str) -> None:
+        late = self.behind()
+        who = ("ranks not arrived: " + (", ".join(map(str, late)) if late else "none (all reached this step)")
+               if late is not None else "which ranks did not arrive is not knowable here")
+        reason = f"timeout: no progress for {self.timeout_s:g} s at {where}; {who}"
+        self._end("failed", reason, EXIT_TIMEOUT)
+
+    def _fatal_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        with self._lock:
+            where = self._where
+        if signum == signal.SIGINT:
+            self._end("interrupted", f"interrupted (SIGINT) at {where}", EXIT_SIGNAL_BASE + signum)
+        self._end("failed", f"terminated by {name} at {where} (a rank was lost, or the launcher or "
+                            f"scheduler stopped the job)", EXIT_SIGNAL_BASE + signum)
+
+    def _end(self, status: str, reason: str, code: int) -> None:
+        try:
+            print(f"commbench: error: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
+            if self.on_fatal is not None:
+                self.on_fatal(status, reason)
+        finally:
+            os._exit(code)
