@@ -11,7 +11,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew scaling ceilings model gpu-check test list bench-overhead c-loop bench-fidelity clean
+.PHONY: install quick collectives moe moe-decode moe-skew scaling inswitch ceilings model gpu-check test list bench-overhead c-loop bench-fidelity clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +41,19 @@ moe-decode moe-skew: install
 # Weak scaling over every rank count the launch allows, with the efficiency table.
 scaling: install
 	$(PY) -m commbench run scaling $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# In-switch reductions and algorithm variants against ring. On the loopback, `run --np`
+# launches each variant itself; under a cluster launcher (`srun make inswitch NP=`) each rank
+# loops over the variants, one launch each, all joining one result directory.
+INSWITCH_OUT ?= results/inswitch-$(or $(SLURM_JOB_ID),$(shell date +%Y%m%d-%H%M))
+inswitch: install
+ifeq ($(NP),)
+	for v in $$($(PY) -m commbench run inswitch --list-variants); do \
+	  $(PY) -m commbench run inswitch --variant $$v --out $(INSWITCH_OUT) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS) || exit $$?; done
+	$(PY) -m commbench report $(INSWITCH_OUT)
+else
+	$(PY) -m commbench run inswitch --np $(NP) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+endif
 
 ceilings: install
 	$(PY) -m commbench ceilings $(ARGS)

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="watchdog: end the run when an operation takes this long beyond its expected time "
                         "(default 300)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted or failed run: skip its finished points")
+    r.add_argument("--variants", type=_csv, help="algorithm variants to run, each as its own launch "
+                   "(overrides the suite's; `commbench list` shows the built-in ones)")
+    r.add_argument("--variant", help="run one variant in this launch (under mpirun/srun/torchrun); with --out of "
+                   "an existing run of the suite, its rows join that run")
+    r.add_argument("--list-variants", action="store_true", help="print the suite's variant names and exit")
     r.add_argument("--dry-run", action="store_true",
                    help="list the points, memory per rank and a rough time, without communicating")
     _profile_args(r)
@@ -198,7 +203,7 @@ def cmd_run(args, argv: list[str]) -> int:
         "warmup": args.warmup, "min_time_ms": args.min_time_ms, "max_iters": args.max_iters,
         "check": args.check, "backend": args.backend, "profile": args.profile,
         "timing": args.timing, "cuda_graph": args.cuda_graph, "timeout_s": args.timeout_s,
-        "sizes": parse_sizes_arg(args.sizes) if args.sizes else None,
+        "sizes": parse_sizes_arg(args.sizes) if args.sizes else None, "variants": args.variants,
     }
     cfg = suite_mod.build_config(raw, overrides)
     if args.param:
@@ -217,9 +222,43 @@ def cmd_run(args, argv: list[str]) -> int:
                          "cannot capture them")
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)
+    variants = suite_mod.resolve_variants(cfg)
+    if args.list_variants:
+        if launch.detect().rank == 0:
+            print("\n".join(v.name for v in variants))
+        return 0
+    join = False
+    if args.variant is not None:
+        from .variants import BUILTIN
+
+        known = {v.name: v for v in variants}
+        if args.variant not in known and args.variant not in BUILTIN:
+            raise UsageError(f"unknown variant {args.variant!r} (known: {', '.join(sorted(set(known) | set(BUILTIN)))})")
+        variants = [known.get(args.variant) or BUILTIN[args.variant]]
+        if args.np is None:
+            from .launch_variants import mpi_flavor, record_skip
+            from .variants import unavailable
+
+            device = args.device or ("cuda" if backend == "nccl" else "cpu")
+            why = unavailable(variants[0], backend, device, mpi_flavor() if backend == "mpi" else "",
+                              {"nvls": True, "collnet": True, "symm_mem": True} if device == "cuda" else {})
+            if why:  # say so, and keep it in the run's record, rather than drop it silently
+                if launch.detect().rank == 0:
+                    print(f"variant {args.variant}: skipped: {why}", flush=True)
+                    if args.out:
+                        record_skip(args.out, args.variant, why, cfg)
+                return 0
     if args.out and (Path(args.out) / "rows.jsonl").exists():
-        raise UsageError(f"--out {args.out} already holds a run: continue it with --resume {args.out}, or choose "
-                         f"another directory")
+        from .results import load_meta
+
+        meta = load_meta(args.out)
+        # Another variant of the same suite joins the run (external launchers run one
+        # variant per launch); anything else would overwrite it.
+        join = (args.variant is not None and meta.get("suite") == cfg.name
+                and args.variant not in (meta.get("variants") or {}))
+        if not join:
+            raise UsageError(f"--out {args.out} already holds a run: continue it with --resume {args.out}, or choose "
+                             f"another directory")
     info = launch.detect()
     world = args.np if args.np is not None else info.world
     points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
@@ -243,10 +282,19 @@ def cmd_run(args, argv: list[str]) -> int:
         child = _strip_np(argv) + ["--out", out] if not args.out else _strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
-        return launch.spawn_local(args.np, backend, child, out_dir=out)
+        if len(variants) == 1 and variants[0].name == "default" and args.variant is None:
+            return launch.spawn_local(args.np, backend, child, out_dir=out)
+        from .launch_variants import run_variants
+
+        return run_variants(variants, args.np, backend, args.device or ("cuda" if backend == "nccl" else "cpu"),
+                            child, out, cfg)
+    if len(variants) > 1:
+        raise UsageError(f"suite {cfg.name} has {len(variants)} variants and NCCL/MPI read their settings once per "
+                         f"process: run one per launch with --variant NAME (`make inswitch` loops over them)")
     # Under an external launcher every rank names a directory, but only rank 0 writes one.
     out = args.out or str(new_run_dir(cfg.name))
-    return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p)
+    return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
+                      variant=variants[0].name, join=join or variants[0].name != "default")
 
 
 def _strip_np(argv: list[str]) -> list[str]:

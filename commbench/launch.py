@@ -108,7 +108,8 @@ def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list
 GRACE_S = 10.0
 
 
-def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None) -> int:
+def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None,
+                extra_env: dict | None = None) -> int:
     """Start np_ ranks on this host and wait; returns the worst exit status.
 
     mpi: one mpirun, which ends the job when a rank dies. gloo/nccl: np_ processes; when
@@ -120,14 +121,15 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     import time
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
+    base_env = {**os.environ, **(extra_env or {})}
     if backend == "mpi":
         # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
-        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True)]
+        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=base_env)]
     else:
         port = free_port()
         procs = []
         for r in range(np_):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
+            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
                                           start_new_session=True))

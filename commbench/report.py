@@ -160,6 +160,13 @@ def report_runs(paths, profile=None) -> None:
         df = rejudge(df, paths, profile)
     print_tables(df)
     analysis_tables(df)
+    if "variant" in df and df["variant"].nunique() > 1:
+        skipped = {}
+        for p in paths:
+            for name, v in ((load_meta(p) or {}).get("variants") or {}).items():
+                if v.get("status") == "skipped":
+                    skipped[name] = v.get("reason")
+        variant_tables(df, None, skipped)
 
 
 def rejudge(df, paths, profile):
@@ -217,3 +224,63 @@ def moe_table(rs, plain: bool):
             stages, f"{r['outside_a2a_pct']:.0f}%", _num(r.get("pct_of_ceiling"), 1), str(r["check"])]
         t.add_row(*cells)
     return t
+
+
+def variant_tables(df, baseline: str | None = None, skipped: dict | None = None, console=None) -> None:
+    """Side by side per collective, world and size: each variant's p50, algbw, busbw, wire
+    bandwidth (algbw*(n+1)/n for in-switch variants, else busbw) and % of the scale-up
+    ceiling; then each variant's speedup over the baseline and the size from which it wins."""
+    from rich import box
+    from rich.table import Table
+
+    from .variants import crossover_nbytes, pick_baseline, wire_gbps
+
+    console = console or _console()
+    plain = not stdout_is_tty()
+    for name, why in (skipped or {}).items():
+        console.print(f"variant {name}: skipped: {why}")
+    if df.empty or "variant" not in df:
+        return
+    names = list(dict.fromkeys(df["variant"]))
+    if len(names) < 2:
+        return
+    base = pick_baseline(names, baseline)
+    for (bench, world, dtype), g in df.groupby(["benchmark", "world", "dtype"], sort=False):
+        if bench in ("barrier", "moe", "overlap") or g["variant"].nunique() < 2:
+            continue
+        here = [n for n in names if n in set(g["variant"])]
+        t = Table(title=f"{bench} world {world} {dtype}: variants side by side (baseline {base})",
+                  caption="wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw otherwise; "
+                          "% = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 over the baseline",
+                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        t.add_column("size", justify="right")
+        for n in here:
+            for c in ("p50 us", "algbw", "busbw", "wire", "%", "x"):
+                t.add_column(f"{n} {c}" if c == "p50 us" else c, justify="right")
+        speed = {n: [] for n in here}
+        sizes = sorted(set(g["nbytes"]))
+        for s in sizes:
+            cells = [fmt_size(int(s))]
+            at = {r["variant"]: r for r in g[g["nbytes"] == s].to_dict("records")}
+            b = at.get(base)
+            for n in here:
+                r = at.get(n)
+                if r is None:
+                    cells += ["-"] * 6
+                    continue
+                wire = wire_gbps(r["algbw_gbps"], int(world), bool(r.get("inswitch")), r["busbw_gbps"])
+                x = b["time_us_p50"] / r["time_us_p50"] if b is not None and r["time_us_p50"] > 0 else None
+                if x is not None:
+                    speed[n].append((s, x))
+                cells += [f"{r['time_us_p50']:.2f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
+                          f"{wire:.3f}", _num(r.get("pct_of_ceiling"), 1), f"{x:.2f}" if x is not None else "-"]
+            t.add_row(*cells)
+        console.print(t)
+        for n in here:
+            if n == base or not speed[n]:
+                continue
+            cross = crossover_nbytes([s for s, _ in speed[n]], [x for _, x in speed[n]])
+            best = max(speed[n], key=lambda p: p[1])
+            console.print(f"  {bench} w{world}: {n} vs {base}: best {best[1]:.2f}x at {fmt_size(int(best[0]))}; "
+                          + (f"faster from {fmt_size(int(cross))} up" if cross is not None else "never faster at the "
+                             "largest sizes"))

@@ -28,7 +28,7 @@ def describe(point) -> str:
     """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
     what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
             f"{fmt_size(point.nbytes)} {point.dtype}")
-    return f"{point.benchmark} {what} world {point.world} variant {getattr(point, 'variant', 'default')}"
+    return f"{point.benchmark} {what} world {point.world}"
 
 
 def clock_name(cfg, comm, op) -> str:
@@ -42,14 +42,18 @@ def clock_name(cfg, comm, op) -> str:
 
 
 class Harness:
-    def __init__(self, cfg: suite_mod.SuiteConfig, guard=None):
+    def __init__(self, cfg: suite_mod.SuiteConfig, guard=None, variant=None):
+        from .variants import BUILTIN
+
         self.cfg = cfg
         self.guard = guard
+        self.variant = variant or BUILTIN["default"]
         self.where = ""
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
-            self.guard.arm(f"{self.where} ({phase})" if self.where else phase, budget_s)
+            where = f"{self.where} variant {self.variant.name}" if self.where else ""
+            self.guard.arm(f"{where} ({phase})" if where else phase, budget_s)
 
     def time_op(self, comm, point, op, traffic, stage: str = "", timer=None) -> dict:
         """Warm up, settle the iteration count, time each iteration; an iteration's time is
@@ -97,10 +101,11 @@ class Harness:
         import resource
 
         rss = float(comm.max_over_ranks(np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0]))[0])
-        base = {"schema": SCHEMA_VERSION, "point_key": point_key(point), "benchmark": point.benchmark,
+        base = {"schema": SCHEMA_VERSION, "point_key": point_key(point, self.variant.name), "benchmark": point.benchmark,
                 "backend": comm.backend,
                 "device": comm.device, "world": point.world, "nbytes": point.nbytes, "dtype": point.dtype,
-                "variant": "default", "params": point.params}
+                "variant": self.variant.name, "inswitch": self.variant.inswitch, "variant_env": self.variant.env,
+                "params": point.params}
         return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
 
 
@@ -172,17 +177,39 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
     return prof, meta
 
 
-def point_key(point) -> str:
-    """What identifies a point across a run and its resumption."""
+def point_key(point, variant: str = "default") -> str:
+    """What identifies a point across a run, its variants and its resumption."""
     import json
 
-    return f"{point.benchmark}|{point.world}|{point.nbytes}|{point.dtype}|{json.dumps(point.params, sort_keys=True)}"
+    return (f"{variant}|{point.benchmark}|{point.world}|{point.nbytes}|{point.dtype}|"
+            f"{json.dumps(point.params, sort_keys=True)}")
+
+
+STATUS_ORDER = ("failed", "interrupted", "check_failed", "running", "complete")
+
+
+def overall_status(variant_meta: dict) -> str:
+    """A run of several variant launches is as bad as its worst variant (skipped ones aside)."""
+    states = [v.get("status") for v in variant_meta.values() if v.get("status") != "skipped"]
+    for s in STATUS_ORDER:
+        if s in states:
+            return s
+    return "complete"
 
 
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
-        ranks_per_node: int | None = None, profile_overrides: dict | None = None, resume: bool = False) -> int:
-    """Run a validated suite on this rank (inside a launch); returns the exit status.
-    resume: out_dir holds an unfinished run of this suite; its finished points are skipped."""
+        ranks_per_node: int | None = None, profile_overrides: dict | None = None, resume: bool = False,
+        variant: str = "default", join: bool = False) -> int:
+    """Run a validated suite on this rank (inside a launch) for one variant; returns the
+    exit status. resume: out_dir holds an unfinished run of this suite; its finished points
+    are skipped. join: out_dir may hold this suite's run for other variants: add to it."""
+    import os
+
+    from .variants import BUILTIN
+
+    the_variant = next((v for v in suite_mod.resolve_variants(cfg) if v.name == variant), None) or BUILTIN[variant]
+    # Before the library starts: NCCL and MPI read their settings once, at initialisation.
+    os.environ.update(the_variant.env)
     from .guard import Guard
     from .results import read_rows
 
@@ -201,19 +228,34 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     hosts = world.allgather_obj(socket.gethostname())
     nodes = node_ids(hosts, ranks_per_node)
     guard.arm("loopback probe")
-    profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
+    # A run that other launches add to (variants, resume) keeps the ceiling it was judged by.
+    prior = None
+    if is_root and (join or resume):
+        from .results import load_meta
+
+        prior = (load_meta(out_dir) or {}).get("ceilings")
+    prior = world.allgather_obj(prior)[0]
+    if prior and prior.get("fields"):
+        from . import ceilings
+
+        fields = {k: v for k, v in prior["fields"].items() if k in ceilings.Profile.__dataclass_fields__}
+        profile, prof_meta = ceilings.Profile(**fields), prior
+    else:
+        profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     writer = None
     done_keys: set = set()
     if is_root:
-        if resume:
-            from .results import load_meta
+        from .results import load_meta
 
-            meta = load_meta(out_dir)
-            old_rows = read_rows(Path(out_dir) / "rows.jsonl")
+        existing = load_meta(out_dir) if (resume or join) else {}
+        if existing:
+            meta = existing
+            old_rows = read_rows(Path(out_dir) / "rows.jsonl") if (Path(out_dir) / "rows.jsonl").is_file() else []
             done_keys = {r.get("point_key") for r in old_rows}
-            meta.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv,
-                                                   "previous_status": meta.get("status"),
-                                                   "previous_reason": meta.get("reason")})
+            if resume:
+                meta.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv,
+                                                       "previous_status": meta.get("status"),
+                                                       "previous_reason": meta.get("reason")})
             meta.update(status="running", reason=None)
         else:
             meta = base_meta(argv)
@@ -228,16 +270,23 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
 
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
+        entry = meta.setdefault("variants", {}).setdefault(the_variant.name, {})
+        entry.update(env=the_variant.env, inswitch=the_variant.inswitch, description=the_variant.description,
+                     status="running")
         writer = RunWriter(out_dir, meta)
-        guard.on_fatal = writer.finish
+
+        def on_fatal(status, reason, writer=writer, name=the_variant.name):
+            writer.meta["variants"][name]["status"] = status
+            writer.finish(status, reason)
+        guard.on_fatal = on_fatal
         for n in notes:
             print(f"note: {n}", flush=True)
     done_keys = set(world.allgather_obj(sorted(k for k in done_keys if k))[0])
-    todo = [p for p in points if point_key(p) not in done_keys]
+    todo = [p for p in points if point_key(p, the_variant.name) not in done_keys]
     if is_root and resume:
         print(f"resume: {len(points) - len(todo)} of {len(points)} points already in {out_dir}, "
               f"{len(todo)} to run", flush=True)
-    harness = Harness(cfg, guard)
+    harness = Harness(cfg, guard, the_variant)
     progress = Progress(len(todo), is_root)
     rows, status = [], "complete"
     try:
@@ -264,13 +313,15 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
         status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         progress.close()
         if writer:
+            writer.meta["variants"][the_variant.name]["status"] = status
             writer.finish(status, f"{type(e).__name__}: {e} at {harness.where or 'start-up'}")
         raise
     guard.arm("finishing")
     progress.close()
     failed = [r for r in rows if r["check"] == "fail"]
     if writer:
-        writer.finish("complete" if not failed else "check_failed",
+        writer.meta["variants"][the_variant.name]["status"] = "complete" if not failed else "check_failed"
+        writer.finish(overall_status(writer.meta["variants"]),
                       f"{len(failed)} point(s) failed the data check" if failed else None)
         from .report import analysis_tables, print_tables
 

@@ -29,6 +29,9 @@ SUITE_KEYS = {
     "backend": "mpi, gloo or nccl",
     "profile": "hardware profile rows are compared with (built-in name or .toml path; default: loopback on CPU)",
     "params": "per-benchmark parameter tables; a list value is a sweep axis",
+    "variants": "algorithm variants to run, each as its own launch (built-in names or [variant.NAME] tables)",
+    "variant": "[variant.NAME] tables: env, backend, inswitch, requires, description",
+    "baseline": "the variant speedups are measured against (default: the ring one, else default)",
 }
 
 
@@ -56,6 +59,9 @@ class SuiteConfig:
     backend: str | None = None
     profile: str | None = None
     params: dict = field(default_factory=dict)
+    variants: tuple = ("default",)
+    variant_defs: dict = field(default_factory=dict)
+    baseline: str | None = None
 
     @property
     def explicit_sizes(self) -> bool:
@@ -182,12 +188,38 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
         kw["backend"] = _type("backend", merged["backend"], str, "a backend name")
     if "profile" in merged:
         kw["profile"] = _type("profile", merged["profile"], str, "a profile name or path")
+    if "variant" in merged:
+        from .variants import parse_suite_variants
+
+        kw["variant_defs"] = {n: v.__dict__ for n, v in parse_suite_variants(merged["variant"], f"suite {name}").items()}
+    if "variants" in merged:
+        vs = merged["variants"]
+        vs = [vs] if isinstance(vs, str) else vs
+        if not isinstance(vs, (list, tuple)) or not vs:
+            raise UsageError(f"suite key 'variants' must be a non-empty list of names, got {merged['variants']!r}")
+        kw["variants"] = tuple(vs)
+    if "baseline" in merged:
+        kw["baseline"] = _type("baseline", merged["baseline"], str, "a variant name")
     cfg = SuiteConfig(**kw)
+    from .variants import pick_baseline
+
+    resolve_variants(cfg)
+    if cfg.baseline:
+        pick_baseline(list(cfg.variants), cfg.baseline)
     if not cfg.benchmarks:
         raise UsageError(f"suite {name}: no benchmarks to run (set 'benchmarks' or pass -b)")
     if cfg.min_iters > cfg.max_iters:
         raise UsageError(f"suite {name}: min_iters {cfg.min_iters} > max_iters {cfg.max_iters}")
     return cfg
+
+
+def resolve_variants(cfg: SuiteConfig):
+    """The suite's Variant objects (validated: known, unique, non-empty names)."""
+    from .variants import Variant, resolve
+
+    defs = {n: (v if isinstance(v, Variant) else Variant(**{**v, "requires": tuple(v.get("requires", ()))}))
+            for n, v in (cfg.variant_defs or {}).items()}
+    return resolve(cfg.variants, defs)
 
 
 def resolve_sizes(cfg: SuiteConfig) -> list[int]:

@@ -26,6 +26,9 @@ class TorchComm(Comm):
         self.device = device
         self.tdev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.timing_method = "cuda_event" if device == "cuda" else "host_clock"
+        # The symm-mem variant: buffers in symmetric memory and all_reduce by multimem
+        # (NVLink SHARP driven from torch, torch.distributed._symmetric_memory).
+        self.symm_mem = device == "cuda" and os.environ.get("COMMBENCH_SYMM_MEM") == "1"
         # CUDA-graph timing: operations per replay (None: chosen from the warm-up, see
         # timing.choose_ops_per_replay) and the count the last timed call used.
         self.graph_ops_per_replay: int | None = None
@@ -39,6 +42,10 @@ class TorchComm(Comm):
 
     # --- memory -----------------------------------------------------------------
     def alloc(self, count, dtype):
+        if self.symm_mem:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            return symm_mem.empty(count, dtype=self._dtypes[dtype], device=self.tdev)
         return self.torch.empty(count, dtype=self._dtypes[dtype], device=self.tdev)
 
     def fill(self, buf, values):
@@ -56,6 +63,12 @@ class TorchComm(Comm):
     def all_reduce(self, send, recv):
         # torch has no out-of-place all_reduce: reduce recv in place (benchmarks fill it
         # with the input), as nccl-tests' in-place column does.
+        if self.symm_mem:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            name = (self.group or self.dist.group.WORLD).group_name
+            symm_mem.rendezvous(recv, name)
+            return functools.partial(self.torch.ops.symm_mem.multimem_all_reduce_, recv, "sum", name)
         return functools.partial(self.dist.all_reduce, recv, group=self.group)
 
     def reduce_scatter(self, send, recv):
@@ -223,3 +236,27 @@ class TorchBackend:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def symm_mem_support() -> str | None:
+    """Why the symm-mem variant cannot run here, or None when it can: it needs CUDA, torch's
+    symmetric memory with the multimem all_reduce op, and a GPU whose fabric supports
+    multicast (NVSwitch with NVLink SHARP)."""
+    try:
+        import torch
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as e:
+        return f"torch has no symmetric memory ({e})"
+    if not torch.cuda.is_available():
+        return "needs CUDA GPUs"
+    if not all(hasattr(symm_mem, f) for f in ("empty", "rendezvous")) or not hasattr(torch.ops.symm_mem,
+                                                                                   "multimem_all_reduce_"):
+        return f"torch {torch.__version__} lacks symm_mem.empty/rendezvous or multimem_all_reduce_"
+    try:
+        from torch._C._distributed_c10d import _SymmetricMemory
+
+        if not _SymmetricMemory.has_multicast_support(torch._C._autograd.DeviceType.CUDA, 0):
+            return "this GPU's fabric has no multicast (NVLink SHARP) support"
+    except (ImportError, AttributeError, RuntimeError) as e:
+        return f"cannot ask torch about multicast support ({e})"
+    return None

@@ -1,0 +1,231 @@
+"""Algorithm variants: named sets of environment variables (and the facts about them) chosen
+before a communicator exists, so NCCL's ring and NVLS, or Open MPI's ring and recursive
+doubling, can be measured side by side. A variant is a sweep axis, but NCCL and MPI read
+their settings once per process, so each variant runs as its own launch.
+
+Pure parts: the built-in table, validation, which variants can run where, and the
+speedup / crossover maths of the side-by-side report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+_OMPI_DYN = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    backend: str | None = None          # None: any backend
+    env: dict = field(default_factory=dict)
+    inswitch: bool = False              # the switch reduces: compare wire bandwidth, not busbw
+    requires: tuple = ()                # "cuda", "nvls", "collnet", "symm_mem"
+    description: str = ""
+    # What the library should report using: {"ompi_component": "tuned"} or {"nccl_algo": "NVLS"}.
+    expect: dict = field(default_factory=dict)
+
+
+BUILTIN: dict[str, Variant] = {v.name: v for v in [
+    Variant("default", None, {}, description="the library's own choice"),
+    # NCCL (torch.distributed nccl): NCCL_ALGO picks the algorithm for every collective.
+    Variant("nccl-ring", "nccl", {"NCCL_ALGO": "Ring"}, expect={"nccl_algo": "Ring"}, requires=("cuda",),
+            description="NCCL ring"),
+    Variant("nccl-tree", "nccl", {"NCCL_ALGO": "Tree"}, expect={"nccl_algo": "Tree"}, requires=("cuda",),
+            description="NCCL double binary tree"),
+    Variant("nccl-nvls", "nccl", {"NCCL_ALGO": "NVLS", "NCCL_NVLS_ENABLE": "1"}, inswitch=True,
+            expect={"nccl_algo": "NVLS"}, requires=("cuda", "nvls"), description="NVLink SHARP (in-switch reduction)"),
+    Variant("nccl-nvlstree", "nccl", {"NCCL_ALGO": "NVLSTree", "NCCL_NVLS_ENABLE": "1"}, inswitch=True,
+            expect={"nccl_algo": "NVLSTree"}, requires=("cuda", "nvls"),
+            description="NVLS inside the node, tree across nodes"),
+    Variant("nccl-nvls-off", "nccl", {"NCCL_NVLS_ENABLE": "0"}, requires=("cuda",),
+            description="NCCL with NVLS disabled (its other algorithms)"),
+    Variant("nccl-collnet", "nccl", {"NCCL_ALGO": "CollNetDirect", "NCCL_COLLNET_ENABLE": "1"}, inswitch=True,
+            expect={"nccl_algo": "CollNetDirect"}, requires=("cuda", "collnet"),
+            description="InfiniBand SHARP through the CollNet plug-in"),
+    Variant("symm-mem", "nccl", {"COMMBENCH_SYMM_MEM": "1"}, inswitch=True, requires=("cuda", "symm_mem"),
+            description="PyTorch symmetric-memory multimem all_reduce (NVLS from torch)"),
+    # Open MPI coll/tuned, forced per collective (ompi_info --param coll tuned --level 9).
+    Variant("ompi-ring", "mpi", {**_OMPI_DYN, "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+                                 "OMPI_MCA_coll_tuned_allgather_algorithm": "4"},
+            expect={"ompi_component": "tuned"},
+            description="Open MPI ring all_reduce and all_gather (reduce_scatter_block has no ring: default)"),
+    Variant("ompi-recursive-doubling", "mpi", {**_OMPI_DYN, "OMPI_MCA_coll_tuned_allreduce_algorithm": "3",
+                                               "OMPI_MCA_coll_tuned_allgather_algorithm": "3",
+                                               "OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm": "2"},
+            expect={"ompi_component": "tuned"}, description="Open MPI recursive doubling"),
+    Variant("ompi-rabenseifner", "mpi", {**_OMPI_DYN, "OMPI_MCA_coll_tuned_allreduce_algorithm": "6",
+                                         "OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm": "3"},
+            expect={"ompi_component": "tuned"},
+            description="Open MPI Rabenseifner all_reduce (reduce_scatter by recursive halving)"),
+    Variant("ompi-linear", "mpi", {**_OMPI_DYN, "OMPI_MCA_coll_tuned_allreduce_algorithm": "1",
+                                   "OMPI_MCA_coll_tuned_allgather_algorithm": "1",
+                                   "OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm": "1"},
+            expect={"ompi_component": "tuned"}, description="Open MPI basic linear (a reduce then a broadcast)"),
+    # MPICH: one CVAR per collective.
+    Variant("mpich-ring", "mpi", {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"},
+            requires=("mpich",), description="MPICH ring all_reduce"),
+    Variant("mpich-recursive-doubling", "mpi", {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "recursive_doubling"},
+            requires=("mpich",), description="MPICH recursive doubling all_reduce"),
+]}
+
+VARIANT_KEYS = {"backend", "env", "inswitch", "requires", "description", "expect"}
+KNOWN_REQUIRES = {"cuda", "nvls", "collnet", "symm_mem", "mpich", "openmpi"}
+
+
+def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
+    """[variant.NAME] tables of a suite file."""
+    from .backends import BACKENDS
+
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: 'variant' must be a table of [variant.NAME] tables")
+    out = {}
+    for name, spec in table.items():
+        if not str(name).strip():
+            raise UsageError(f"{where}: a variant has an empty name")
+        if not isinstance(spec, dict):
+            raise UsageError(f"{where}: variant {name!r} must be a table")
+        unknown = sorted(set(spec) - VARIANT_KEYS)
+        if unknown:
+            raise UsageError(f"{where}: variant {name!r} has unknown key {unknown[0]!r} "
+                             f"(known: {', '.join(sorted(VARIANT_KEYS))})")
+        backend = spec.get("backend")
+        if backend is not None and backend not in BACKENDS:
+            raise UsageError(f"{where}: variant {name!r} names unknown backend {backend!r} "
+                             f"(known: {', '.join(BACKENDS)})")
+        env = spec.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k for k in env):
+            raise UsageError(f"{where}: variant {name!r}: 'env' must be a table of VARIABLE = \"value\"")
+        req = spec.get("requires", [])
+        req = [req] if isinstance(req, str) else req
+        if not isinstance(req, list) or any(r not in KNOWN_REQUIRES for r in req):
+            raise UsageError(f"{where}: variant {name!r}: 'requires' must list some of {', '.join(sorted(KNOWN_REQUIRES))}")
+        if not isinstance(spec.get("inswitch", False), bool):
+            raise UsageError(f"{where}: variant {name!r}: 'inswitch' must be true or false")
+        out[name] = Variant(name, backend, {k: str(v) for k, v in env.items()}, spec.get("inswitch", False),
+                            tuple(req), str(spec.get("description", "")), dict(spec.get("expect", {})))
+    return out
+
+
+def resolve(names, suite_defs: dict | None = None) -> list[Variant]:
+    """The variants named, from the suite's own tables first, then the built-ins."""
+    names = list(names or ["default"])
+    seen = set()
+    out = []
+    for n in names:
+        if not isinstance(n, str) or not n.strip():
+            raise UsageError("a variant has an empty name")
+        if n in seen:
+            raise UsageError(f"variant {n!r} is named twice")
+        seen.add(n)
+        v = (suite_defs or {}).get(n) or BUILTIN.get(n)
+        if v is None:
+            known = sorted(set(BUILTIN) | set(suite_defs or {}))
+            raise UsageError(f"unknown variant {n!r} (known: {', '.join(known)})")
+        out.append(v)
+    return out
+
+
+def unavailable(v: Variant, backend: str, device: str, mpi_flavor: str = "", caps: dict | None = None) -> str | None:
+    """Why variant v cannot run with this backend and device here, or None when it can.
+    caps: capability -> True, or the reason it is missing (nvls, collnet, symm_mem)."""
+    caps = caps or {}
+    if v.backend is not None and v.backend != backend:
+        return f"a variant for backend {v.backend}; this run uses {backend}"
+    for r in v.requires:
+        if r == "cuda" and device != "cuda":
+            return "needs CUDA GPUs"
+        if r in ("nvls", "collnet", "symm_mem") and caps.get(r) is not True:
+            if isinstance(caps.get(r), str):
+                return caps[r]
+            return {"nvls": "needs NVLink SHARP (NVSwitch with in-switch reduction, NCCL >= 2.17)",
+                    "collnet": "needs InfiniBand SHARP and NCCL's CollNet plug-in",
+                    "symm_mem": "needs torch symmetric memory with multimem support (CUDA, NVSwitch)"}[r]
+        if r == "mpich" and "MPICH" not in mpi_flavor:
+            return "an MPICH variant; this MPI is " + (mpi_flavor or "not MPICH")
+        if r == "openmpi" and "Open MPI" not in mpi_flavor:
+            return "an Open MPI variant; this MPI is " + (mpi_flavor or "not Open MPI")
+    if v.name.startswith("ompi-") and mpi_flavor and "Open MPI" not in mpi_flavor:
+        return "an Open MPI variant; this MPI is " + mpi_flavor
+    return None
+
+
+# --- what the library says it used ---------------------------------------------------
+
+def ompi_selected_component(verbose_log: str, collective_comm: str = "MPI_COMM_WORLD") -> str | None:
+    """From Open MPI's coll_base_verbose output, the coll component with the highest
+    priority enabled for the communicator; Open MPI uses it for the collectives it has."""
+    best = None
+    comm_seen = False
+    for line in verbose_log.splitlines():
+        if "comm_select: new communicator:" in line:
+            comm_seen = collective_comm in line
+        elif comm_seen and "comm_select: selecting" in line and "Enabled" in line:
+            try:
+                comp = line.split("selecting", 1)[1].split(",")[0].strip()
+                prio = int(line.split("priority", 1)[1].split(",")[0])
+            except (IndexError, ValueError):
+                continue
+            if comp != "self" and (best is None or prio > best[1]):
+                best = (comp, prio)
+    return best[0] if best else None
+
+
+# NCCL's algorithm numbers in its TUNING debug lines (src/include/device.h, NCCL >= 2.19).
+NCCL_ALGO_IDS = {"0": "Tree", "1": "Ring", "2": "CollNetDirect", "3": "CollNetChain", "4": "NVLS", "5": "NVLSTree",
+                 "6": "PAT"}
+
+
+def nccl_algorithms(debug_log: str) -> set[str]:
+    """Algorithms NCCL's TUNING debug lines name ("... -> Algo 4 proto 2 ..." or "Algo NVLS")."""
+    algos = set()
+    for line in debug_log.splitlines():
+        if "algo" not in line.lower():
+            continue
+        parts = line.replace(",", " ").split()
+        for i, tok in enumerate(parts):
+            if tok.lower() in ("algo", "algorithm") and i + 1 < len(parts):
+                a = parts[i + 1]
+                algos.add(NCCL_ALGO_IDS.get(a, a))
+    return algos
+
+
+def requested_ompi_component(env: dict) -> str | None:
+    """The coll component whose parameters a variant sets (OMPI_MCA_coll_tuned_... -> tuned)."""
+    for k in env:
+        if k.startswith("OMPI_MCA_coll_"):
+            return k[len("OMPI_MCA_coll_"):].split("_", 1)[0]
+    return None
+
+
+# --- the side-by-side maths ------------------------------------------------------------
+
+def wire_gbps(algbw_gbps: float, world: int, inswitch: bool, busbw_gbps: float) -> float:
+    """What the busiest link carries: algbw*(n+1)/n with an in-switch reduction (each rank
+    sends S once and receives the result once), busbw for ring-like algorithms."""
+    return algbw_gbps * (world + 1) / world if inswitch else busbw_gbps
+
+
+def pick_baseline(names: list[str], given: str | None = None) -> str:
+    if given:
+        if given not in names:
+            raise UsageError(f"baseline variant {given!r} is not among the variants run ({', '.join(names)})")
+        return given
+    for n in names:
+        if "ring" in n and "nvls" not in n:
+            return n
+    return "default" if "default" in names else names[0]
+
+
+def crossover_nbytes(sizes, speedups) -> int | None:
+    """The smallest size from which a variant beats the baseline at every larger size
+    (speedup > 1); None when it never does for good."""
+    pairs = sorted(zip(sizes, speedups))
+    cross = None
+    for s, x in reversed(pairs):
+        if x > 1.0:
+            cross = s
+        else:
+            break
+    return cross

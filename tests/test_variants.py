@@ -1,0 +1,146 @@
+"""Algorithm variants: validation, availability, the speedup/crossover maths, and real
+Open MPI variants on the loopback, each launched separately into one run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import commbench
+from commbench import launch
+from commbench.errors import UsageError
+from commbench.runner import overall_status
+from commbench.variants import (BUILTIN, Variant, crossover_nbytes, nccl_algorithms, ompi_selected_component,
+                                parse_suite_variants, pick_baseline, requested_ompi_component, resolve, unavailable,
+                                wire_gbps)
+from conftest import ROOT, needs_mpi, run_cli
+
+
+def test_resolve_refuses_unknown_empty_and_duplicate():
+    assert [v.name for v in resolve(["default", "ompi-ring"])] == ["default", "ompi-ring"]
+    for names, words in ((["nope"], "unknown variant 'nope'"), ([""], "empty name"),
+                         (["ompi-ring", "ompi-ring"], "named twice")):
+        with pytest.raises(UsageError, match=words):
+            resolve(names)
+
+
+def test_suite_variant_tables_are_checked():
+    v = parse_suite_variants({"mine": {"env": {"A": 1}, "backend": "mpi", "inswitch": True}}, "s")["mine"]
+    assert v.env == {"A": "1"} and v.backend == "mpi" and v.inswitch
+    for table, words in (({"x": {"envv": {}}}, "unknown key 'envv'"), ({"x": {"backend": "carrier"}}, "unknown backend"),
+                         ({"": {}}, "empty name"), ({"x": {"requires": ["warp-drive"]}}, "requires"),
+                         ({"x": {"env": ["A=1"]}}, "'env'")):
+        with pytest.raises(UsageError, match=words):
+            parse_suite_variants(table, "s")
+
+
+def test_what_cannot_run_here_says_why():
+    assert "needs CUDA" in unavailable(BUILTIN["nccl-ring"], "nccl", "cpu")
+    assert "backend nccl" in unavailable(BUILTIN["nccl-nvls"], "mpi", "cpu")
+    assert "NVLink SHARP" in unavailable(BUILTIN["nccl-nvls"], "nccl", "cuda")
+    assert unavailable(BUILTIN["nccl-nvls"], "nccl", "cuda", caps={"nvls": True}) is None
+    assert unavailable(BUILTIN["symm-mem"], "nccl", "cuda", caps={"symm_mem": "no multicast"}) == "no multicast"
+    assert "MPICH" in unavailable(BUILTIN["mpich-ring"], "mpi", "cpu", "Open MPI")
+    assert unavailable(BUILTIN["ompi-ring"], "mpi", "cpu", "Open MPI") is None
+    assert unavailable(BUILTIN["default"], "gloo", "cpu") is None
+
+
+def test_speedup_crossover_and_wire_maths():
+    # speedups by size: loses small, wins from 1M up (a dip at 4K does not count)
+    assert crossover_nbytes([8, 4096, 65536, 1 << 20, 1 << 24], [0.5, 1.2, 0.9, 1.1, 1.6]) == 1 << 20
+    assert crossover_nbytes([8, 64], [0.9, 0.8]) is None
+    assert crossover_nbytes([8, 64], [1.1, 1.2]) == 8
+    assert wire_gbps(100.0, 8, True, 175.0) == pytest.approx(112.5)  # algbw * 9/8
+    assert wire_gbps(100.0, 8, False, 175.0) == 175.0
+    assert pick_baseline(["default", "nccl-nvls", "nccl-ring"]) == "nccl-ring"
+    assert pick_baseline(["default", "x"]) == "default"
+    with pytest.raises(UsageError):
+        pick_baseline(["default"], "ompi-ring")
+    assert overall_status({"a": {"status": "complete"}, "b": {"status": "skipped"}}) == "complete"
+    assert overall_status({"a": {"status": "complete"}, "b": {"status": "check_failed"}}) == "check_failed"
+
+
+def test_what_the_library_says():
+    log = "\n".join([
+        "[vm:1] coll:base:comm_select: new communicator: MPI_COMM_WORLD (cid 0)",
+        "[vm:1] coll:base:comm_select: selecting basic, priority 10, Enabled",
+        "[vm:1] coll:base:comm_select: selecting han, priority 35, Disabled",
+        "[vm:1] coll:base:comm_select: selecting tuned, priority 30, Enabled",
+        "[vm:1] coll:base:comm_select: new communicator: MPI_COMM_SELF (cid 1)",
+        "[vm:1] coll:base:comm_select: selecting self, priority 75, Enabled"])
+    assert ompi_selected_component(log) == "tuned"
+    assert requested_ompi_component(BUILTIN["ompi-ring"].env) == "tuned"
+    assert nccl_algorithms("host:1:2 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo 4 proto 2 time 15.1\n"
+                           "x NCCL INFO Broadcast: opCount 0 Algo Ring") == {"NVLS", "Ring"}
+
+
+SUITE = """benchmarks = ["all_reduce", "all_gather"]
+sizes = ["8", "64K"]
+worlds = [2]
+check = true
+min_time_ms = 5
+variants = ["default", "ompi-ring", "ompi-recursive-doubling", "nccl-nvls", "han-ring"]
+baseline = "ompi-ring"
+[variant.han-ring]
+description = "asks coll/han for its allreduce algorithm, which disqualifies itself on one node"
+backend = "mpi"
+env = { OMPI_MCA_coll_han_use_allreduce_algorithm = "1" }
+"""
+
+
+@needs_mpi
+def test_variants_launch_separately_into_one_run(tmp_path):
+    (tmp_path / "v.toml").write_text(SUITE)
+    out = tmp_path / "run"
+    r = run_cli("run", tmp_path / "v.toml", "--np", "2", "--out", out, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # one launch per runnable variant, each announced; the GPU one skipped with its reason
+    for name in ("default", "ompi-ring", "ompi-recursive-doubling", "han-ring"):
+        assert f"variant {name}: " in r.stdout
+    assert "variant nccl-nvls: skipped: a variant for backend nccl" in r.stdout
+    df = commbench.load(out)
+    assert set(df["variant"]) == {"default", "ompi-ring", "ompi-recursive-doubling", "han-ring"}
+    assert (df["check"] == "ok").all()
+    ring = df[df["variant"] == "ompi-ring"].iloc[0]
+    assert ring["variant_env"]["OMPI_MCA_coll_tuned_allreduce_algorithm"] == "4"
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete"
+    vs = meta["variants"]
+    assert vs["nccl-nvls"]["status"] == "skipped" and "nccl" in vs["nccl-nvls"]["reason"]
+    assert vs["ompi-ring"]["library"] == {"asked": "coll/tuned", "used": "coll/tuned", "scope": "MPI_COMM_WORLD",
+                                          "mismatch": False}
+    # han disqualifies itself on one node: the variant did not get what it asked for, and says so
+    assert vs["han-ring"]["library"]["mismatch"] is True
+    assert "asked for coll/han but the library used coll/tuned" in r.stdout
+    # side-by-side report with speedups and crossover, from the run and from disk
+    assert "variants side by side (baseline ompi-ring)" in r.stdout and "vs ompi-ring: best" in r.stdout
+    rep = run_cli("report", out)
+    assert rep.returncode == 0 and "variants side by side" in rep.stdout and "nccl-nvls: skipped" in rep.stdout
+
+
+@needs_mpi
+def test_external_launcher_runs_one_variant_per_launch(tmp_path):
+    out = tmp_path / "run"
+    base = ["run", "quick", "-b", "all_reduce", "--sizes", "64K", "--worlds", "2", "--out", str(out)]
+    for v in ("ompi-ring", "default"):
+        cmd = launch.mpirun_command(2, base + ["--variant", v])
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+    df = commbench.load(out)
+    assert sorted(df["variant"]) == ["default", "ompi-ring"]
+    # the same variant again would overwrite: refused
+    p = subprocess.run(launch.mpirun_command(2, base + ["--variant", "default"]), cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0 and "already holds a run" in p.stderr
+    # several variants without --np: one per launch
+    r = run_cli("run", "inswitch")
+    assert r.returncode == 2 and "--variant NAME" in r.stderr
+
+
+def test_list_variants_prints_the_suite_names():
+    r = run_cli("run", "inswitch", "--list-variants")
+    assert r.returncode == 0 and r.stdout.split() == ["default", "nccl-ring", "nccl-tree", "nccl-nvls", "nccl-nvlstree",
+                                                      "nccl-collnet", "symm-mem", "ompi-ring",
+                                                      "ompi-recursive-doubling", "ompi-rabenseifner"]
