@@ -11,7 +11,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew scaling inswitch ceilings model gpu-check test list bench-overhead c-loop bench-fidelity clean
+.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model gpu-check test list bench-overhead c-loop bench-fidelity clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -36,6 +36,13 @@ moe: install
 	$(PY) -m commbench run moe $(if $(NP),--np $(NP)) $(if $(MOE_TOKENS),--param moe.tokens=$(MOE_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 moe-decode moe-skew: install
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# All-reduce overlapped with a matmul (suites/overlap.toml, a few minutes on the 2-core loopback).
+# 2 ranks unless NP is given: each rank's compute needs a core of its own, and more ranks
+# than cores measures the scheduler, not the overlap. `make overlap BACKEND=gloo` for gloo.
+overlap: NP = 2
+overlap: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 # Weak scaling over every rank count the launch allows, with the efficiency table.

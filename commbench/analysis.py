@@ -19,6 +19,9 @@ FIT_COLUMNS = ("alpha_us", "bandwidth_gbps", "busbw_asymptote_gbps", "n_half_nby
                "rms_rel_err_pct", "max_rel_err_pct", "points", "min_nbytes", "max_nbytes")
 SCALING_COLUMNS = ("world", "metric", "value", "base_world", "efficiency_pct")
 MOE_BENCHMARK = "moe"
+# Rows whose time is not one collective's (overlap: start + compute + wait): no fit, and
+# no busbw scaling either.
+NOT_COLLECTIVE = ("moe", "overlap")
 
 
 # ------------------------------------------------------------------ alpha-beta fit
@@ -168,7 +171,7 @@ def fit_table(df):
     if df.empty:
         return pd.DataFrame(columns=keys + list(FIT_COLUMNS))
     df = _keyed(df, keys + ["nbytes"])
-    df = df[df["benchmark"] != MOE_BENCHMARK]
+    df = df[~df["benchmark"].isin(NOT_COLLECTIVE)]
     sized = df.groupby("benchmark")["nbytes"].transform(lambda n: (n.astype(float) > 0).any())
     df = df[sized.astype(bool)]
     out = []
@@ -209,7 +212,7 @@ def scaling_table(df):
     df = _keyed(df, keys + ["world"])
     moe = df["benchmark"] == MOE_BENCHMARK
 
-    coll = df[~moe & (df["nbytes"].astype(float) > 0)].copy()
+    coll = df[~moe & (df["benchmark"] != "overlap") & (df["nbytes"].astype(float) > 0)].copy()
     if "busbw_gbps" not in coll.columns:
         if len(coll):
             raise UsageError("rows lack the column busbw_gbps")

@@ -1,4 +1,4 @@
-"""commbench command line: run, list, report."""
+"""commbench command line: run, list, report, compare, import, ceilings, model."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,17 @@ class _Parser(argparse.ArgumentParser):
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _pct(text: str) -> float:
+    """5, 5% or 0.5%: a threshold in per cent."""
+    try:
+        v = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise UsageError(f"--threshold must be a percentage like 5 or 5%, got {text!r}") from None
+    if v < 0:
+        raise UsageError(f"--threshold must not be negative, got {text!r}")
+    return v
 
 
 def _int_list(text: str) -> list[int]:
@@ -64,9 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="benchmarks, backends (and whether they work here), suites")
 
-    rep = sub.add_parser("report", help="print the tables of one or more result directories")
+    rep = sub.add_parser("report", help="print the tables of one or more result directories; --out writes "
+                         "report.md and report.html with figures")
     rep.add_argument("runs", nargs="+")
+    rep.add_argument("--out", metavar="DIR", help="also write DIR/report.md, a self-contained DIR/report.html and "
+                     "DIR/figures/*.png (figures need matplotlib: pip install 'commbench[plot]')")
     _profile_args(rep)
+
+    cmp_ = sub.add_parser("compare", help="compare two runs point by point: faster, slower or not significant")
+    cmp_.add_argument("base", help="result directory of the baseline run")
+    cmp_.add_argument("new", help="result directory of the run to judge")
+    cmp_.add_argument("--threshold", type=_pct, default=5.0, metavar="PCT",
+                      help="smallest change of p50 that counts, in per cent (default 5); the ~95%% intervals of the "
+                           "two runs must not overlap either")
+    cmp_.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any point is slower")
+    cmp_.add_argument("--all", action="store_true", help="list every matched point (default: only faster and slower)")
+    cmp_.add_argument("--csv", metavar="FILE", help="also write the whole comparison as CSV")
+
+    im = sub.add_parser("import", help="turn nccl-tests (stdout or -J JSON) or OSU output into a result directory")
+    im.add_argument("files", nargs="+", help="one or more output files; all go into one result directory")
+    im.add_argument("--format", choices=("nccl-tests", "nccl-tests-json", "osu"), help="default: detected from content")
+    im.add_argument("--world", type=int, help="rank count (required for OSU, which does not print it)")
+    im.add_argument("--benchmark", help="the collective, when neither the file nor its name says")
+    im.add_argument("--no-in-place", action="store_true",
+                    help="nccl-tests: keep only the out-of-place half (variant default), not the in-place rows")
+    im.add_argument("--out", metavar="DIR", help="result directory (default results/<timestamp>-import-<file>)")
 
     c = sub.add_parser("ceilings", help="print the hardware profiles (link line and achieved rates)")
     _profile_args(c, many=True)
@@ -458,7 +491,28 @@ def main(argv: list[str] | None = None) -> int:
             names = _csv(args.profile) if args.profile else []
             if len(names) > 1:
                 raise UsageError("report takes one --profile")
-            report_runs(args.runs, resolve_profile_spec(names[0] if names else None, profile_overrides(args)))
+            profile = resolve_profile_spec(names[0] if names else None, profile_overrides(args))
+            report_runs(args.runs, profile)
+            if args.out:
+                from .htmlreport import write_report
+
+                res = write_report(args.runs, args.out, profile)
+                print(f"report: {res['markdown']} and {res['html']} ({len(res['figures'])} figures)")
+                for note in res["notes"]:
+                    print(f"note: {note}")
+            return 0
+        if args.cmd == "compare":
+            from .compare import compare_paths
+
+            return compare_paths(args.base, args.new, args.threshold, args.fail_on_regression,
+                                 all_points=args.all, csv_out=args.csv)
+        if args.cmd == "import":
+            from .importers import import_to_run
+
+            out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
+                                            in_place=not args.no_in_place)
+            print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
+                  f"world {meta['world']}) from {meta['source']}: {out}")
             return 0
         if args.cmd == "ceilings":
             return cmd_ceilings(args)

@@ -58,6 +58,11 @@ def print_tables(rows, console=None) -> None:
         if bench == "moe":
             console.print(moe_table(rs, plain))
             continue
+        if bench == "overlap":
+            from .benchmarks.overlap import overlap_table
+
+            console.print(overlap_table(rs, plain))
+            continue
         show_params = len({_params_text(r.get("params")) for r in rs}) > 1
         show_stage = any(r.get("stage") for r in rs)
         show_run = len({r.get("run") for r in rs}) > 1

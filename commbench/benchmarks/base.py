@@ -202,7 +202,7 @@ def registry() -> dict[str, Benchmark]:
     import importlib
     import os
 
-    from . import collectives, moe  # noqa: F401  (register on import)
+    from . import collectives, moe, overlap  # noqa: F401  (register on import)
     # Out-of-tree benchmarks: COMMBENCH_PLUGINS=pkg.module,other.module registers them too.
     for mod in filter(None, os.environ.get("COMMBENCH_PLUGINS", "").split(",")):
         try:

@@ -1,0 +1,752 @@
+"""All-reduce overlapped with compute: how much of a gradient all-reduce really hides
+behind a matrix multiply, and what it costs the multiply (OSU's osu_iallreduce, IMB-NBC).
+
+Per point (bucket size S = the point's nbytes, compute shape, backend), four timings, each
+through the harness (warm-up, iteration count agreed across ranks, slowest rank per
+iteration, a barrier between iterations outside the timed window as OSU's NBC tests do):
+
+  t_comm            start + wait of the non-blocking all_reduce alone (sequence mode: the
+                    `buckets` buckets one after another, i.e. the SUM of the pure times)
+  t_compute         the compute alone: C = A @ B, M = N = K = gemm_n, float32, run in the
+                    same row blocks as in the overlapped run
+  t_overall         start the all_reduce(s), run the compute, wait: the row's time_us_*
+  t_compute_during  the compute's own time inside t_overall
+
+and from their p50s: overlap % by OSU's formula and by IMB-NBC's, compute slowdown, exposed
+communication, GFLOP/s alone and overlapped (2 M N K flops a multiply).
+
+Modes: `single`, one bucket started before the compute; `sequence`, `buckets` buckets
+issued as the compute proceeds (DDP's backward: compute in `buckets` chunks, bucket i
+started after chunk i, all waited at the end), so the last bucket is exposed by design.
+
+Progress: MPI's shared-memory and TCP paths advance a non-blocking collective only inside
+MPI calls. `polls` spreads that many test() calls over the compute (OSU's -t); with
+`progress=thread` a Python thread calls test() in a loop until the operation completes.
+That thread costs a core (Open MPI binds a rank to one: the thread and the compute then
+share it) and the GIL (it holds it between calls; the switch interval is lowered to 50 us
+while it runs so the compute thread gets it back at chunk boundaries). gloo runs
+collectives on its own threads and NCCL on its own CUDA stream: they need neither.
+
+The measurement core (OverlapCore) takes a communicator and a compute object, so the
+tests drive it with a fake communicator of known duration; the formulas are pure functions.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import UsageError
+from .base import Benchmark, Param, Point, Traffic, equal_chunked, fill_chunked, pattern_run, register
+
+MODES = ("single", "sequence")
+PROGRESS = ("none", "thread")
+COMPUTES = ("auto", "numpy", "torch")
+CALIBRATE_TOL = 0.10           # calibrated compute within 10 % of t_comm
+CALIBRATE_ROUNDS = 8
+MIN_GEMM = 8
+MAX_GEMM = {"cpu": 4096, "cuda": 16384}
+PROVISIONAL_GEMM = 64          # the --check run before calibration
+# While a progress thread runs, the interpreter hands the GIL over every 50 us instead of
+# every 5 ms, so the compute thread is not held at a chunk boundary for up to 5 ms by a
+# poller that drops and retakes the GIL around each test() (restored afterwards).
+POLLER_SWITCH_INTERVAL_S = 50e-6
+
+
+# --- the formulas (pure) ---------------------------------------------------------------
+
+def overlap_osu_pct(t_pure: float, t_compute: float, t_overall: float) -> float:
+    """OSU: max(0, 100 - 100 (t_overall - t_compute) / t_pure), here also capped at 100
+    (an overall run faster than the compute alone is noise, not more than full overlap)."""
+    if t_pure <= 0:
+        return 0.0
+    return float(min(100.0, max(0.0, 100.0 - 100.0 * (t_overall - t_compute) / t_pure)))
+
+
+def overlap_imb_pct(t_pure: float, t_compute: float, t_overall: float) -> float:
+    """IMB-NBC: 100 max(0, min(1, (t_pure + t_compute - t_overall) / max(t_pure, t_compute)))."""
+    denom = max(t_pure, t_compute)
+    if denom <= 0:
+        return 0.0
+    return float(100.0 * max(0.0, min(1.0, (t_pure + t_compute - t_overall) / denom)))
+
+
+def gemm_flops(n: int) -> float:
+    """2 M N K for M = N = K = n."""
+    return 2.0 * float(n) ** 3
+
+
+def overlap_fields(t_comm_us: float, t_compute_us: float, t_overall_us: float, t_during_us: float,
+                   flops: float) -> dict:
+    """Every derived figure of a row, from the four p50s (microseconds)."""
+    return {
+        "t_comm_us": t_comm_us, "t_compute_us": t_compute_us, "t_overall_us": t_overall_us,
+        "t_compute_during_us": t_during_us,
+        "overlap_osu_pct": overlap_osu_pct(t_comm_us, t_compute_us, t_overall_us),
+        "overlap_imb_pct": overlap_imb_pct(t_comm_us, t_compute_us, t_overall_us),
+        "compute_slowdown": t_during_us / t_compute_us if t_compute_us > 0 else float("nan"),
+        "exposed_us": t_overall_us - t_compute_us,
+        "exposed_pct": 100.0 * (t_overall_us - t_compute_us) / t_comm_us if t_comm_us > 0 else float("nan"),
+        "gflops_alone": flops / (t_compute_us * 1e-6) / 1e9 if t_compute_us > 0 else 0.0,
+        "gflops_overlapped": flops / (t_during_us * 1e-6) / 1e9 if t_during_us > 0 else 0.0,
+    }
+
+
+# --- the schedule: where starts and polls fall between compute chunks ------------------
+
+@dataclass(frozen=True)
+class Schedule:
+    """The compute runs in `nchunks` row blocks. Bucket i starts after chunk start_after[i]
+    (-1: before the compute); a poll (test() of every outstanding handle) follows each
+    chunk in poll_after."""
+
+    nchunks: int
+    start_after: tuple
+    poll_after: frozenset
+
+    @property
+    def buckets(self) -> int:
+        return len(self.start_after)
+
+
+def make_schedule(mode: str, buckets: int, polls: int) -> Schedule:
+    """single: one bucket started before the compute, which runs in polls + 1 chunks with a
+    poll after each but the last. sequence: `buckets` segments of `per` chunks each, bucket i
+    started after segment i; per is the least that leaves room for the polls, which are
+    spread evenly over the chunk boundaries from the first start to the last chunk (a poll
+    before any bucket started, or after the compute, would test nothing useful)."""
+    if mode == "single":
+        return Schedule(polls + 1, (-1,), frozenset(range(polls)))
+    if buckets < 2:
+        raise UsageError("overlap: sequence mode needs buckets >= 2 (a single bucket starts after the whole "
+                         "compute: nothing overlaps it)")
+    per = max(1, -(-polls // (buckets - 1)))
+    n = buckets * per
+    starts = tuple((i + 1) * per - 1 for i in range(buckets))
+    first, room = starts[0], n - 1 - starts[0]
+    polls_at = frozenset(first + (j * room) // polls for j in range(polls)) if polls else frozenset()
+    return Schedule(n, starts, polls_at)
+
+
+def nchunks_for(params: dict) -> int:
+    mode = params["mode"]
+    return make_schedule(mode, params["buckets"] if mode == "sequence" else 1, params["polls"]).nchunks
+
+
+# --- the compute --------------------------------------------------------------------------
+
+def _gemm_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A, B with entries in {-1, 0, 1}: every entry of A @ B is an integer of magnitude
+    <= n, exact in float32 whatever the summation order, so the result checks exactly.
+    Built in int8 (a 16384^2 int64 temporary would be 2 GiB)."""
+    i = np.arange(n, dtype=np.int64)
+    r3, c3 = (i % 3).astype(np.int8), ((2 * i) % 3).astype(np.int8)
+    a = ((r3[:, None] + c3[None, :]) % 3 - 1).astype(np.float32)       # (i + 2j) % 3 - 1
+    b = ((c3[:, None] + r3[None, :] + 1) % 3 - 1).astype(np.float32)   # (2i + j + 1) % 3 - 1
+    return a, b
+
+
+def _row_bounds(n: int, nchunks: int) -> list[tuple[int, int]]:
+    edges = [(k * n) // nchunks for k in range(nchunks + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class Compute:
+    """What the core needs of a compute: `chunks` (callables, run in order, together the
+    whole compute), `flops`, and a stopwatch: mark() -> a timestamp, sync() (wait for the
+    device; no-op on CPU), elapsed(a, b) -> seconds (after sync). CPU: the host clock."""
+
+    name = "cpu"
+    chunks: list = []
+    flops: float = 0.0
+    n: int = 0
+
+    def mark(self):
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        pass
+
+    def elapsed(self, a, b) -> float:
+        return b - a
+
+    def reset(self) -> None:
+        """Poison the result so a chunk that did not run shows in check()."""
+
+    def check(self) -> bool:
+        return True
+
+
+class Gemm(Compute):
+    """C = A @ B (float32, M = N = K = n) in row blocks: chunk k computes C[lo:hi] = A[lo:hi] @ B.
+
+    lib: "numpy" (CPU), "torch" (CPU or CUDA, by `device`)."""
+
+    def __init__(self, n: int, nchunks: int, lib: str, device: str = "cpu"):
+        if nchunks > n:
+            raise UsageError(f"overlap: gemm {n} has fewer rows than the {nchunks} compute chunks")
+        self.n, self.lib, self.device = n, lib, device
+        self.flops = gemm_flops(n)
+        self.bounds = _row_bounds(n, nchunks)
+        a, b = _gemm_inputs(n)
+        if lib == "numpy":
+            self.name = "numpy"
+            self.a, self.b, self.c = a, b, np.full((n, n), np.nan, np.float32)
+            mm = np.matmul
+            self.chunks = [functools.partial(mm, a[lo:hi], b, out=self.c[lo:hi]) for lo, hi in self.bounds]
+        else:
+            import torch
+
+            self.torch = torch
+            dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+            self.name = "torch-cuda" if device == "cuda" else "torch-cpu"
+            self.a = torch.from_numpy(a).to(dev)
+            self.b = torch.from_numpy(b).to(dev)
+            self.c = torch.full((n, n), float("nan"), dtype=torch.float32, device=dev)
+            mm = torch.mm
+            self.chunks = [functools.partial(mm, self.a[lo:hi], self.b, out=self.c[lo:hi]) for lo, hi in self.bounds]
+            if device == "cuda":
+                self._event = functools.partial(torch.cuda.Event, enable_timing=True)
+
+    # stopwatch: CUDA events on the current stream for the GPU, the host clock otherwise
+    def mark(self):
+        if self.device == "cuda":
+            e = self._event()
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def elapsed(self, a, b):
+        if self.device == "cuda":
+            return a.elapsed_time(b) * 1e-3
+        return b - a
+
+    def run(self) -> None:
+        for c in self.chunks:
+            c()
+
+    def reset(self):
+        if self.lib == "numpy":
+            self.c[...] = np.nan
+        else:
+            self.c.fill_(float("nan"))
+
+    def result(self) -> np.ndarray:
+        if self.lib == "numpy":
+            return self.c
+        return self.c.cpu().numpy()
+
+    def check(self) -> bool:
+        """Finite everywhere (an uncomputed chunk stays NaN), and exact on the first and
+        last row of every chunk against a float64 reference."""
+        self.sync()
+        c = self.result()
+        if not np.isfinite(c).all():
+            return False
+        rows = sorted({r for lo, hi in self.bounds for r in (lo, hi - 1)})
+        if self.lib == "numpy":
+            ref = self.a[rows].astype(np.float64) @ self.b.astype(np.float64)
+        else:  # on the compute's device, in float64
+            ref = (self.a[rows].double() @ self.b.double()).cpu().numpy()
+        return bool(np.array_equal(c[rows].astype(np.float64), ref))
+
+
+# --- BLAS / intra-op threads --------------------------------------------------------------
+
+def _openblas():
+    """The OpenBLAS numpy loaded (numpy's wheels bundle scipy-openblas), found the way
+    threadpoolctl finds it (the process's mapped libraries), as (get, set) or None."""
+    try:
+        maps = open("/proc/self/maps").read()
+    except OSError:
+        return None
+    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and put is not None:
+                return get, put
+    return None
+
+
+def set_compute_threads(compute_name: str, threads: int) -> tuple[Callable[[], None], str]:
+    """Limit the compute's threads (two ranks on two cores with multi-threaded BLAS would
+    fight over the cores and over the MPI progress); returns (restore, how)."""
+    if compute_name == "numpy":
+        ob = _openblas()
+        if ob is None:
+            return (lambda: None), "not set (no OpenBLAS found: set OPENBLAS_NUM_THREADS/OMP_NUM_THREADS)"
+        get, put = ob
+        before = int(get())
+        put(int(threads))
+        return (lambda: put(before)), "openblas_set_num_threads"
+    if compute_name == "torch-cpu":
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(int(threads))
+        return (lambda: torch.set_num_threads(before)), "torch.set_num_threads"
+    return (lambda: None), "n/a" if compute_name != "torch-cuda" else "n/a (GPU)"
+
+
+# --- the measurement core -----------------------------------------------------------------
+
+class _Poller:
+    """A persistent progress thread: armed for one overlapped run, it calls test() on every
+    outstanding handle, over and over, until the compute is over and all have completed.
+    `tests` is the number of test() calls of the last run."""
+
+    def __init__(self):
+        self._go = threading.Event()
+        self._done = threading.Event()
+        self._stop = False
+        self._error: BaseException | None = None
+        self.handles: list = []
+        self.compute_over = False
+        self.tests = 0
+        self._thread = threading.Thread(target=self._loop, name="overlap-progress", daemon=True)
+        self._thread.start()
+
+    def arm(self, handles: list) -> None:
+        self.handles = handles  # the main thread appends to this list as buckets start
+        self.compute_over = False
+        self._done.clear()
+        self._go.set()
+
+    def finish(self) -> None:
+        self.compute_over = True
+        self._done.wait()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def close(self) -> None:
+        self._stop = True
+        self._go.set()
+        self._thread.join()
+
+    def _loop(self):
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._stop:
+                return
+            try:
+                self.tests = self._poll()
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread in finish()
+                self._error = e
+            self._done.set()
+
+    def _poll(self) -> int:
+        done: list = []
+        tests = 0
+        while True:
+            over = self.compute_over  # read first: every handle was appended before it turned true
+            hs = self.handles
+            if len(done) < len(hs):
+                done.extend([False] * (len(hs) - len(done)))
+            pending = False
+            for i in range(len(hs)):
+                if not done[i]:
+                    tests += 1
+                    if hs[i].test():
+                        done[i] = True
+                    else:
+                        pending = True
+            if over and not pending:
+                return tests
+
+
+class OverlapCore:
+    """One point's measurement, independent of the harness: `comm` starts the buckets'
+    all_reduces (comm.iall_reduce(send, recv) -> Handle with wait()/test()), `compute` is
+    a Compute. Each method runs one iteration and returns seconds."""
+
+    def __init__(self, comm, compute: Compute, sends: list, recvs: list, schedule: Schedule, progress: str = "none"):
+        if len(sends) != schedule.buckets or len(recvs) != schedule.buckets:
+            raise ValueError("one send and one receive buffer per bucket")
+        if len(compute.chunks) != schedule.nchunks:
+            raise ValueError(f"compute has {len(compute.chunks)} chunks, the schedule {schedule.nchunks}")
+        self.comm, self.compute, self.schedule, self.progress = comm, compute, schedule, progress
+        self.starts = [functools.partial(comm.iall_reduce, s, r) for s, r in zip(sends, recvs)]
+        self._poller = _Poller() if progress == "thread" else None
+        self.thread_tests = 0  # test() calls the progress thread made in the last overlapped run
+        # start_at[k]: buckets to start after chunk k (k = -1: before the compute)
+        self._start_at: dict[int, list] = {}
+        for i, k in enumerate(schedule.start_after):
+            self._start_at.setdefault(k, []).append(self.starts[i])
+
+    def close(self) -> None:
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
+
+    def set_compute(self, compute: Compute) -> None:
+        if len(compute.chunks) != self.schedule.nchunks:
+            raise ValueError("compute chunks do not match the schedule")
+        self.compute = compute
+
+    def comm_once(self) -> float:
+        """Each bucket's all_reduce alone, start then wait, one after another."""
+        sw = self.compute
+        t0 = sw.mark()
+        for start in self.starts:
+            start().wait()
+        t1 = sw.mark()
+        sw.sync()
+        return sw.elapsed(t0, t1)
+
+    def compute_once(self) -> float:
+        sw = self.compute
+        t0 = sw.mark()
+        for c in sw.chunks:
+            c()
+        t1 = sw.mark()
+        sw.sync()
+        return sw.elapsed(t0, t1)
+
+    def overlapped_once(self) -> tuple[float, float]:
+        """(t_overall, t_compute_during): start, compute with the schedule's starts and
+        polls (or the progress thread), wait for every bucket."""
+        sw, sched, poller = self.compute, self.schedule, self._poller
+        start_at, polls = self._start_at, sched.poll_after
+        handles: list = []
+        t0 = sw.mark()
+        for start in start_at.get(-1, ()):
+            handles.append(start())
+        if poller is not None:
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(POLLER_SWITCH_INTERVAL_S)
+            poller.arm(handles)
+        try:
+            c0 = sw.mark()
+            for k, chunk in enumerate(sw.chunks):
+                chunk()
+                if k in start_at:
+                    for start in start_at[k]:
+                        handles.append(start())
+                if k in polls:
+                    for h in handles:
+                        h.test()
+            c1 = sw.mark()
+        finally:
+            if poller is not None:
+                poller.finish()
+                sys.setswitchinterval(switch)
+                self.thread_tests = poller.tests
+        for h in handles:
+            h.wait()
+        t1 = sw.mark()
+        sw.sync()
+        return sw.elapsed(t0, t1), sw.elapsed(c0, c1)
+
+
+# --- calibration ------------------------------------------------------------------------
+
+def calibrate_gemm(target_s: float, make: Callable[[int], Compute], agree: Callable[[float], float],
+                   lo: int, hi: int, n0: int = 64, tol: float = CALIBRATE_TOL,
+                   rounds: int = CALIBRATE_ROUNDS) -> Compute:
+    """The compute whose time is about target_s (OSU: compute ~ the pure collective's time):
+    n scaled by the cube root of the time ratio until within tol. agree(t) returns the
+    slowest rank's time, so every rank takes the same steps and ends with the same n."""
+    n = int(min(max(n0, lo), hi))
+    best = None
+    for _ in range(rounds):
+        comp = make(n)
+        for c in comp.chunks:  # one untimed run: first-touch, BLAS buffers
+            c()
+        reps, ts = 0, []
+        t_end = time.perf_counter() + 0.05
+        while reps < 3 or (reps < 50 and time.perf_counter() < t_end):
+            a = comp.mark()
+            for c in comp.chunks:
+                c()
+            b = comp.mark()
+            comp.sync()
+            ts.append(comp.elapsed(a, b))
+            reps += 1
+        t = agree(float(np.median(ts)))
+        err = abs(t - target_s) / target_s if target_s > 0 else 0.0
+        if best is None or err < best[0]:
+            best = (err, comp, n)
+        if err <= tol or target_s <= 0:
+            break
+        nxt = int(round(n * (target_s / t) ** (1 / 3))) if t > 0 else n * 2
+        nxt = int(min(max(nxt, lo), hi))
+        if nxt == n:
+            break
+        n = nxt
+    return best[1]
+
+
+# --- the benchmark -----------------------------------------------------------------------
+
+@dataclass
+class OverlapBufs:
+    point: Point
+    sends: list
+    recvs: list
+    count: int
+    schedule: Schedule
+    compute_lib: str              # numpy | torch
+    device: str                   # cpu | cuda
+    compute: Compute
+    core: OverlapCore | None = None
+    restore_threads: Callable[[], None] = lambda: None
+    threads_how: str = ""
+    calibrated: bool = False
+
+
+def _agree_max(comm) -> Callable[[float], float]:
+    return lambda t: float(comm.max_over_ranks(np.array([t]))[0])
+
+
+@register
+class Overlap(Benchmark):
+    """Non-blocking all_reduce overlapped with a matrix multiply: overlap %, compute slowdown."""
+
+    name = "overlap"
+    params = {
+        "mode": Param("single", "single: one bucket before the compute; sequence: `buckets` buckets started "
+                      "as the compute proceeds (DDP backward)", str, choices=MODES),
+        "buckets": Param(8, "sequence: buckets per iteration (each the point's size)", int, minimum=1),
+        "gemm": Param(0, "matrix multiply M=N=K; 0: calibrate so t_compute ~ t_comm (OSU)", int, minimum=0),
+        "polls": Param(0, "test() calls spread over the compute (OSU -t); 0: none", int, minimum=0),
+        "progress": Param("none", "thread: a Python thread calls test() in a loop until done (costs a core and the GIL)", str,
+                          choices=PROGRESS),
+        "compute": Param("auto", "matmul library: auto (numpy on mpi, torch on gloo/nccl), numpy, torch", str,
+                         choices=COMPUTES),
+        "threads": Param(1, "compute threads (OpenBLAS / torch intra-op; CPU only)", int, minimum=1),
+    }
+
+    def canonical_params(self, params):
+        p = dict(params)
+        if p["mode"] == "single":
+            p["buckets"] = self.params["buckets"].default
+        if p["progress"] == "thread":  # two threads testing one request is erroneous in MPI
+            p["polls"] = 0
+        return p
+
+    def _buckets(self, params) -> int:
+        return params["buckets"] if params["mode"] == "sequence" else 1
+
+    def memory_nbytes(self, point):
+        n = point.params["gemm"] or 1024
+        return 2 * self._buckets(point.params) * point.nbytes + 3 * 4 * n * n
+
+    def plan_nbytes(self, point):
+        return int(self._buckets(point.params) * point.nbytes * 2 * 2)
+
+    stages = 3  # comm, compute, overall: three timed loops (one row)
+
+    def validate(self, point):
+        p = point.params
+        n = nchunks_for(p)  # refuses a one-bucket sequence
+        if p["gemm"] and p["gemm"] < n:
+            raise UsageError(f"overlap: gemm {p['gemm']} has fewer rows than the {n} compute chunks "
+                             f"(mode {p['mode']}, buckets {p['buckets']}, polls {p['polls']})")
+
+    def traffic(self, point):
+        # S = one bucket, F = 2(n-1)/n: the pure all_reduce's busbw, as all_reduce's.
+        return Traffic(point.nbytes, 2 * (point.world - 1) / point.world)
+
+    # --- setup --------------------------------------------------------------------------
+    @staticmethod
+    def compute_choice(backend: str, device: str, compute: str) -> tuple[str, str]:
+        """(lib, device) of the matmul: numpy on mpi (no torch import: ~1 s start-up),
+        torch on gloo (CPU) and nccl (CUDA)."""
+        if device == "cuda":
+            if backend != "nccl" or compute == "numpy":
+                raise UsageError("overlap on CUDA buffers runs on the nccl backend with a torch matmul")
+            return "torch", "cuda"
+        if compute == "auto":
+            return ("numpy" if backend == "mpi" else "torch"), "cpu"
+        return compute, "cpu"
+
+    def make_compute(self, b: OverlapBufs, n: int) -> Compute:
+        return Gemm(n, b.schedule.nchunks, b.compute_lib, b.device)
+
+    def setup(self, comm, point):
+        p = point.params
+        lib, device = self.compute_choice(comm.backend, comm.device, p["compute"])
+        if p["progress"] == "thread" and comm.backend == "mpi":
+            MPI = comm.MPI
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                raise UsageError("overlap: progress=thread needs MPI_THREAD_MULTIPLE, which this MPI did not grant")
+        sched = make_schedule(p["mode"], self._buckets(p), p["polls"])
+        count = point.nbytes // point.elem_nbytes
+        sends = [comm.alloc(count, point.dtype) for _ in range(sched.buckets)]
+        recvs = [comm.alloc(count, point.dtype) for _ in range(sched.buckets)]
+        b = OverlapBufs(point, sends, recvs, count, sched, lib, device, Compute())
+        n0 = p["gemm"] or max(PROVISIONAL_GEMM, sched.nchunks)
+        b.compute = self.make_compute(b, n0)
+        b.restore_threads, b.threads_how = set_compute_threads(b.compute.name, p["threads"])
+        b.core = OverlapCore(comm, b.compute, sends, recvs, sched, p["progress"])
+        return b
+
+    def _at(self, point, rank, bucket):
+        return lambda lo, hi: pattern_run(lo, hi - lo, rank, point.dtype, point.world, True, salt=bucket)
+
+    def fill(self, comm, b):
+        # recv starts as a copy of the input: torch reduces in place (as AllReduce does).
+        for i, (s, r) in enumerate(zip(b.sends, b.recvs)):
+            fill_chunked(comm, s, b.count, self._at(b.point, comm.rank, i))
+            fill_chunked(comm, r, b.count, self._at(b.point, comm.rank, i))
+        b.compute.reset()
+
+    def op(self, comm, b):
+        """One overlapped iteration (what --check verifies)."""
+        return b.core.overlapped_once
+
+    def check(self, comm, b):
+        if not b.compute.check():
+            return False
+        world = comm.size
+        for i, r in enumerate(b.recvs):
+            parts = [self._at(b.point, q, i) for q in range(world)]
+            if not equal_chunked(comm, r, b.count, lambda lo, hi: sum(f(lo, hi) for f in parts)):
+                return False
+        return True
+
+    # --- measurement ----------------------------------------------------------------------
+    def measure(self, harness, comm, point, b):
+        try:
+            return [self.measure_core(harness, comm, point, b)]
+        finally:
+            b.core.close()
+            b.restore_threads()
+
+    def measure_core(self, harness, comm, point, b) -> dict:
+        """The three timed loops through the harness, calibration between the first two,
+        and the row. Tests call it with a fake comm and compute."""
+        p, core = point.params, b.core
+        barrier = comm.barrier_op()
+        clock = time.perf_counter
+
+        def loop(fn):
+            def timer(op, n):
+                out = np.empty(n)
+                for i in range(n):
+                    out[i] = fn()
+                    barrier()
+                return out
+            return timer
+
+        sched = b.schedule
+        comm_traffic = Traffic(point.nbytes * sched.buckets, self.traffic(point).busbw_factor)
+        t_setup = clock()
+        f_comm = harness.time_op(comm, point, None, comm_traffic, stage="comm", timer=loop(core.comm_once))
+        t_comm_s = f_comm["time_us_p50"] * 1e-6
+        if not p["gemm"]:
+            harness.arm("gemm calibration")
+            b.compute = calibrate_gemm(t_comm_s, lambda n: self.make_compute(b, n), _agree_max(comm),
+                                       lo=max(MIN_GEMM, sched.nchunks), hi=MAX_GEMM[b.device],
+                                       n0=b.compute.n if b.compute.n else PROVISIONAL_GEMM)
+            b.calibrated = True
+            core.set_compute(b.compute)
+        calib_s = clock() - t_setup
+        f_comp = harness.time_op(comm, point, None, comm_traffic, stage="compute", timer=loop(core.compute_once))
+        during: dict = {}
+
+        def overall_timer(op, n):
+            out, dur, tests = np.empty(n), np.empty(n), np.zeros(n)
+            for i in range(n):
+                out[i], dur[i] = core.overlapped_once()
+                tests[i] = core.thread_tests
+                barrier()
+            during["t"], during["tests"] = dur, tests
+            return out
+
+        b.compute.reset()
+        f_all = harness.time_op(comm, point, None, comm_traffic, stage="overall", timer=overall_timer)
+        t_during = comm.max_over_ranks(during["t"]) * 1e6
+        figs = overlap_fields(f_comm["time_us_p50"], f_comp["time_us_p50"], f_all["time_us_p50"],
+                              float(np.median(t_during)), b.compute.flops)
+        row = {**f_all, "stage": "", "timing": "barrier",
+               # bandwidth of the pure all_reduce: S = one bucket, F = 2(n-1)/n
+               "algbw_gbps": f_comm["algbw_gbps"], "busbw_gbps": f_comm["busbw_gbps"],
+               "busbw_factor": f_comm["busbw_factor"],
+               **figs,
+               "t_comm_bucket_us": f_comm["time_us_p50"] / sched.buckets,
+               "t_comm_p99_us": f_comm["time_us_p99"], "t_compute_p99_us": f_comp["time_us_p99"],
+               "t_compute_during_p99_us": float(np.percentile(t_during, 99)),
+               "comm_iters": f_comm["iters"], "compute_iters": f_comp["iters"],
+               "compute_backend": b.compute.name, "compute_threads": p["threads"] if b.device == "cpu" else None,
+               "compute_threads_set_by": b.threads_how,
+               "gemm_n": b.compute.n, "gemm_calibrated": b.calibrated, "gemm_chunks": sched.nchunks,
+               "calibration_s": calib_s,
+               "mode": p["mode"], "buckets": sched.buckets, "polls": p["polls"], "progress": p["progress"],
+               # progress=thread: the thread's test() calls per overlapped iteration (rank 0's median)
+               "thread_tests_per_iter": float(np.median(during["tests"])) if p["progress"] == "thread" else 0.0,
+               "bandwidth_note": "algbw/busbw: the pure all_reduce (t_comm per bucket, S = bucket, "
+                                 "F = 2(n-1)/n); time_us_*: t_overall"}
+        if harness.cfg.check:
+            ok = b.compute.check()
+            if comm.min_over_ranks(np.array([1.0 if ok else 0.0]))[0] <= 0:
+                row["check"] = "fail"
+        return row
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def _fmt_us(v) -> str:
+    if v is None or v != v:
+        return "-"
+    return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.4g}"
+
+
+def overlap_table(rows, plain: bool):
+    """One rich Table of overlap rows (dicts, or a DataFrame): t_comm, t_compute, t_overall
+    (p50, slowest rank), overlap by OSU's and IMB-NBC's formulas, compute slowdown,
+    exposed communication, GFLOP/s alone and overlapped, check."""
+    from rich import box
+    from rich.table import Table
+
+    from ..units import fmt_size
+
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
+    rows = list(rows)
+    first = rows[0] if rows else {}
+    show_run = len({r.get("run") for r in rows}) > 1
+    t = Table(title=f"overlap: all_reduce beside a matmul  [{first.get('backend', '?')}/{first.get('device', '?')}, "
+                    f"compute {', '.join(sorted({str(r.get('compute_backend')) for r in rows}))}]",
+              caption="p50 us, slowest rank per iteration. OSU % = max(0, 100 - 100 (t_overall - t_compute) / t_comm); "
+                      "IMB % = 100 max(0, min(1, (t_comm + t_compute - t_overall) / max(t_comm, t_compute))); "
+                      "slowdown = compute time while communicating / alone; exposed = t_overall - t_compute. "
+                      "sequence: t_comm = sum over the buckets, size = one bucket",
+              box=box.ASCII if plain else box.SIMPLE_HEAD)
+    cols = (["run"] if show_run else []) + ["world", "size", "mode", "polls/progress", "gemm", "t_comm", "t_compute",
+                                            "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)",
+                                            "GFLOP/s alone", "GFLOP/s overl.", "check"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("run", "mode", "polls/progress", "check") else "right", no_wrap=True)
+    for r in rows:
+        mode = str(r.get("mode"))
+        if mode == "sequence":
+            mode += f" x{r.get('buckets')}"
+        prog = "thread" if r.get("progress") == "thread" else f"polls {r.get('polls')}"
+        cells = ([str(r.get("run"))] if show_run else []) + [
+            str(r.get("world")), fmt_size(int(r.get("nbytes", 0))), mode, prog, str(r.get("gemm_n")),
+            _fmt_us(r.get("t_comm_us")), _fmt_us(r.get("t_compute_us")), _fmt_us(r.get("t_overall_us")),
+            f"{r.get('overlap_osu_pct', float('nan')):.0f}", f"{r.get('overlap_imb_pct', float('nan')):.0f}",
+            f"{r.get('compute_slowdown', float('nan')):.2f}x", _fmt_us(r.get("exposed_us")),
+            f"{r.get('gflops_alone', float('nan')):.1f}", f"{r.get('gflops_overlapped', float('nan')):.1f}",
+            str(r.get("check"))]
+        t.add_row(*cells)
+    return t
