@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import time
 from pathlib import Path
 
+from .plots import _params, _text
 from .units import fmt_size
 
 # Variables a launcher sets for every job: not a setting anybody chose.
@@ -46,24 +46,8 @@ def _f(v, digits=2) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else "-"
 
 
-def _params(v) -> dict:
-    if isinstance(v, dict):
-        return v
-    if not _has(v):
-        return {}
-    try:
-        d = json.loads(v)
-    except (TypeError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
 def _ptext(v) -> str:
     return " ".join(f"{k}={x}" for k, x in _params(v).items())
-
-
-def _text(v) -> str:
-    return str(v) if _has(v) else ""
 
 
 def _run_name(p) -> str:
@@ -73,15 +57,9 @@ def _run_name(p) -> str:
 
 def _rejudge(df, metas: dict, profile):
     """Every row's ceiling fields against `profile`, with each run's node map."""
-    import pandas as pd
+    from .report import rejudge_rows
 
-    from .ceilings import ceiling_for_row
-
-    out = []
-    for r in df.to_dict("records"):
-        nodes = (metas.get(str(r.get("run"))) or {}).get("nodes") or [0] * int(r["world"])
-        out.append({**r, **ceiling_for_row(profile, r, nodes), "profile": profile.name})
-    return pd.DataFrame(out)
+    return rejudge_rows(df, {run: (m or {}).get("nodes") for run, m in metas.items()}, profile)
 
 
 class Section:

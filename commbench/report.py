@@ -176,15 +176,21 @@ def report_runs(paths, profile=None) -> None:
 
 def rejudge(df, paths, profile):
     """Recompute every row's ceiling fields against `profile`, with each run's node map."""
-    import pandas as pd
-
-    from .ceilings import ceiling_for_row
-    from .results import load_meta
-
     from pathlib import Path
+
+    from .results import load_meta
 
     nodes = {(Path(p).name if Path(p).is_dir() else Path(p).parent.name): (load_meta(p) or {}).get("nodes")
              for p in paths}
+    return rejudge_rows(df, nodes, profile)
+
+
+def rejudge_rows(df, nodes: dict, profile):
+    """rejudge with the node map of each run given (run name -> node of each rank)."""
+    import pandas as pd
+
+    from .ceilings import ceiling_for_row
+
     out = []
     for r in df.to_dict("records"):
         nm = nodes.get(str(r.get("run"))) or [0] * int(r["world"])

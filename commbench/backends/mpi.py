@@ -32,8 +32,7 @@ class MpiRowsExchange(RowsExchange):
     method = "MPI_Alltoallw with indexed-row datatypes (no staging copy)"
 
     def pack(self):
-        MPI, n, rb = self.comm.MPI, self.comm.size, self.row_nbytes
-        row = MPI.BYTE.Create_contiguous(rb).Commit()
+        row = self.comm.MPI.BYTE.Create_contiguous(self.row_nbytes).Commit()
         self._types = [row]
         # Alltoallw takes byte displacements and counts in units of each peer's datatype:
         # contiguous rows are `count` rows at their byte offset; indexed ones one datatype.
