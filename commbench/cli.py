@@ -224,11 +224,27 @@ def cmd_run(args, argv: list[str]) -> int:
         world = args.np if args.np is not None else info.world
         if world != meta.get("world"):
             raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+        # A run of several variants resumes each unfinished one in its own launch.
+        done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
+        if args.variant is not None:
+            todo = [args.variant]
+        else:
+            todo = [v.name for v in suite_mod.resolve_variants(cfg) if v.name not in done]
         if args.np is not None:
-            child = _strip_np(argv) + ["--backend", backend]
-            return launch.spawn_local(args.np, backend, child, out_dir=args.resume)
+            status = 0
+            for name in todo:
+                child = _strip_np(argv) + ["--backend", backend] + ([] if args.variant else ["--variant", name])
+                v = next((x for x in suite_mod.resolve_variants(cfg) if x.name == name), None)
+                status = launch.spawn_local(args.np, backend, child, out_dir=args.resume,
+                                            extra_env=v.env if v else None) or status
+                if status == 130:
+                    break
+            return status
+        if len(todo) > 1:
+            raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
+                             f"resume one per launch with --variant NAME")
         return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
-                          meta.get("profile_overrides") or {}, resume=True)
+                          meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
 
     raw = suite_mod.read_suite(args.suite)
     overrides = {

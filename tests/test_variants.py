@@ -144,3 +144,29 @@ def test_list_variants_prints_the_suite_names():
     assert r.returncode == 0 and r.stdout.split() == ["default", "nccl-ring", "nccl-tree", "nccl-nvls", "nccl-nvlstree",
                                                       "nccl-collnet", "symm-mem", "ompi-ring",
                                                       "ompi-recursive-doubling", "ompi-rabenseifner"]
+
+
+@needs_mpi
+def test_resume_reruns_only_the_unfinished_variant(tmp_path):
+    suite = tmp_path / "v.toml"
+    suite.write_text('benchmarks = ["all_reduce"]\nsizes = ["8", "64K"]\nworlds = [2]\ncheck = true\n'
+                     'min_time_ms = 5\nvariants = ["default", "ompi-ring"]\n')
+    out = tmp_path / "run"
+    assert run_cli("run", suite, "--np", "2", "--out", out).returncode == 0
+    # Make it look as if the ompi-ring launch died after its first point.
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    keep = [r for r in rows if r["variant"] == "default"] + [r for r in rows if r["variant"] == "ompi-ring"][:1]
+    (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+    meta = json.loads((out / "meta.json").read_text())
+    meta["status"] = "failed"
+    meta["variants"]["ompi-ring"]["status"] = "failed"
+    (out / "meta.json").write_text(json.dumps(meta))
+    r = run_cli("run", "--resume", out, "--np", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resume: 1 of 2 points already" in r.stdout
+    df = commbench.load(out)
+    assert sorted(df["variant"]) == ["default", "default", "ompi-ring", "ompi-ring"]
+    ring = df[df["variant"] == "ompi-ring"]
+    assert ring["variant_env"].iloc[-1]["OMPI_MCA_coll_tuned_allreduce_algorithm"] == "4"
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["variants"]["ompi-ring"]["status"] == "complete"
