@@ -46,6 +46,14 @@ BUILTIN: dict[str, Variant] = {v.name: v for v in [
             description="InfiniBand SHARP through the CollNet plug-in"),
     Variant("symm-mem", "nccl", {"COMMBENCH_SYMM_MEM": "1"}, inswitch=True, requires=("cuda", "symm_mem"),
             description="PyTorch symmetric-memory multimem all_reduce (NVLS from torch)"),
+    # NCCL channel / CTA limits: fewer SMs for communication, so less interference with
+    # overlapped compute (the overlap benchmark's knob), at some cost in bandwidth.
+    Variant("nccl-channels-2", "nccl", {"NCCL_MAX_NCHANNELS": "2"}, requires=("cuda",),
+            description="NCCL limited to 2 channels"),
+    Variant("nccl-channels-8", "nccl", {"NCCL_MAX_NCHANNELS": "8"}, requires=("cuda",),
+            description="NCCL limited to 8 channels"),
+    Variant("nccl-ctas-4", "nccl", {"NCCL_MIN_CTAS": "1", "NCCL_MAX_CTAS": "4"}, requires=("cuda",),
+            description="NCCL kernels limited to 4 CTAs"),
     # Open MPI coll/tuned, forced per collective (ompi_info --param coll tuned --level 9).
     Variant("ompi-ring", "mpi", {**_OMPI_DYN, "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
                                  "OMPI_MCA_coll_tuned_allgather_algorithm": "4"},
