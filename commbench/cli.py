@@ -318,12 +318,9 @@ def cmd_run(args, argv: list[str]) -> int:
             suite_mod.print_plan(cfg, plan, world, backend)
         return 0
     if args.np is not None:
-        if args.np < 1:
-            raise UsageError(f"--np must be >= 1, got {args.np}")
         if info.world > 1:
             raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
-        # Validate the whole sweep here, before any rank starts or a directory appears.
-        suite_mod.expand(cfg, args.np, backends.BACKEND_DTYPES[backend])
+        # The sweep was validated above (expand, plan), before any rank starts or a directory appears.
         ok, why = backends.availability(backend)
         if not ok:
             raise UsageError(f"backend {backend} is not available here: {why}")

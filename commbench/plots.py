@@ -163,18 +163,28 @@ def _ceiling_points(s, col) -> tuple:
     return ((0.0, vals.pop()),) if len(vals) == 1 else pts
 
 
-def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
+# One line per run, rank count, variant, dtype, backend, params and stage.
+SERIES_KEYS = ["run", "world", "variant", "dtype", "backend", "params_key", "stage"]
+
+
+def _size_series(d, bench: str) -> list:
+    """(key, legend label, rows sorted by size) of a collective's sized rows."""
     g = d[(d["benchmark"] == bench) & (d["nbytes"].astype(float) > 0)]
     if g.empty:
+        return []
+    label = _labeler(g, SERIES_KEYS)
+    return [(key, label(dict(zip(SERIES_KEYS, key))), s.sort_values("nbytes"))
+            for key, s in g.groupby(SERIES_KEYS, sort=True)]
+
+
+def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
+    lines = _size_series(d, bench)
+    if not lines:
         return None
     fig, axes = _new()
     ax = axes[0][0]
-    keys = ["run", "world", "variant", "dtype", "backend", "params_key", "stage"]
-    label = _labeler(g, keys)
     series, ceilings = [], {}
-    for key, s in g.groupby(keys, sort=True):
-        s = s.sort_values("nbytes")
-        lab = label(dict(zip(keys, key)))
+    for key, lab, s in lines:
         ax.plot(s["nbytes"].astype(float), s["busbw_gbps"].astype(float), marker="o", ms=3, lw=1.5, label=lab)
         series.append(lab)
         line = _ceiling_points(s, "ceiling_gbps")
@@ -184,7 +194,7 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
         bott = _text(s["bottleneck"].dropna().iloc[0]) if "bottleneck" in s.columns and s["bottleneck"].notna().any() \
             else ""
         ceilings.setdefault((line, ach, bott), set()).add(str(key[0]))
-    runs = set(g["run"].astype(str))
+    runs = {str(key[0]) for key, _, _ in lines}
     for (line, ach, bott), crun in ceilings.items():
         who = f"{', '.join(sorted(crun))}: " if len(runs) > 1 and len(ceilings) > 1 else ""
         same = ach == line
@@ -214,20 +224,16 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
 
 
 def fig_latency(d, bench: str, out_dir: Path) -> FigureInfo | None:
-    g = d[(d["benchmark"] == bench) & (d["nbytes"].astype(float) > 0)]
-    if g.empty:
+    lines = _size_series(d, bench)
+    if not lines:
         return None
     fig, axes = _new()
     ax = axes[0][0]
-    keys = ["run", "world", "variant", "dtype", "backend", "params_key", "stage"]
-    label = _labeler(g, keys)
     series = []
-    for key, s in g.groupby(keys, sort=True):
-        s = s.sort_values("nbytes")
+    for _, lab, s in lines:
         x = s["nbytes"].astype(float).to_numpy()
         p50 = s["time_us_p50"].astype(float).to_numpy()
         p99 = s["time_us_p99"].astype(float).to_numpy() if "time_us_p99" in s.columns else p50
-        lab = label(dict(zip(keys, key)))
         (line,) = ax.plot(x, p50, marker="o", ms=3, lw=1.5, label=f"{lab} p50")
         ax.fill_between(x, p50, p99, color=line.get_color(), alpha=0.18, lw=0, label=f"{lab} p50..p99")
         series.append(f"{lab} p50")

@@ -2,6 +2,7 @@
 expand the sweep grid into points."""
 from __future__ import annotations
 
+import functools
 import itertools
 import tomllib
 from dataclasses import dataclass, field
@@ -361,6 +362,7 @@ def fmt_mem(nbytes: int) -> str:
 INT_MAX = 2**31 - 1
 
 
+@functools.lru_cache(maxsize=1)
 def mpi_large_count() -> bool:
     """Does the MPI library speak MPI-4 (large-count calls, which mpi4py then uses)? Asked
     in a child process: importing mpi4py here would initialise MPI in the launcher."""
