@@ -38,7 +38,7 @@ moe: install
 moe-decode moe-skew: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
-# All-reduce overlapped with a matmul (suites/overlap.toml, a few minutes on the 2-core loopback).
+# All-reduce overlapped with a matmul (commbench/suites/overlap.toml, a few minutes on the 2-core loopback).
 # 2 ranks unless NP is given: each rank's compute needs a core of its own, and more ranks
 # than cores measures the scheduler, not the overlap. `make overlap BACKEND=gloo` for gloo.
 overlap: NP = 2

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .errors import UsageError
+from .results import params_dict
 
 # Group keys; `run` leads when the rows carry it.
 FIT_KEYS = ("benchmark", "backend", "world", "dtype", "variant", "params", "stage")
@@ -18,10 +19,6 @@ SCALING_KEYS = ("benchmark", "backend", "nbytes", "dtype", "variant", "params", 
 FIT_COLUMNS = ("alpha_us", "bandwidth_gbps", "busbw_asymptote_gbps", "n_half_nbytes",
                "rms_rel_err_pct", "max_rel_err_pct", "points", "min_nbytes", "max_nbytes")
 SCALING_COLUMNS = ("world", "metric", "value", "base_world", "efficiency_pct")
-MOE_BENCHMARK = "moe"
-# Rows whose time is not one collective's (overlap: start + compute + wait): no fit, and
-# no busbw scaling either.
-NOT_COLLECTIVE = ("moe", "overlap")
 
 
 # ------------------------------------------------------------------ alpha-beta fit
@@ -93,9 +90,14 @@ def fit_alpha_beta(nbytes, time_us, busbw_factor: float | None = None) -> dict |
 # ------------------------------------------------------------------ helpers
 
 def _frame(rows):
+    """A DataFrame of the rows with params as dicts (rows from load() have them; rows
+    built elsewhere may hold JSON text)."""
     import pandas as pd
 
-    return rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "params" in df.columns:
+        df["params"] = df["params"].map(params_dict)
+    return df
 
 
 def _missing(v) -> bool:
@@ -106,24 +108,24 @@ def _blank(v) -> str:
     return "" if _missing(v) else str(v)
 
 
-def params_dict(v) -> dict:
-    """params as a dict, whether the row holds a dict, a JSON string or nothing."""
-    if _missing(v) or v == "":
-        return {}
-    if isinstance(v, dict):
-        return v
-    try:
-        out = json.loads(v)
-    except (TypeError, ValueError):
-        raise UsageError(f"params {v!r} is not a JSON object") from None
-    if not isinstance(out, dict):
-        raise UsageError(f"params {v!r} is not a JSON object")
-    return out
+def params_key(params) -> str:
+    """A params dict as canonical JSON: a hashable key to group or match rows on (a dict
+    and its JSON text give the same key)."""
+    return json.dumps(params_dict(params), sort_keys=True)
 
 
-def _params_key(v) -> str:
-    # One canonical text per parameter set, so a dict and its JSON string group together.
-    return json.dumps(params_dict(v), sort_keys=True)
+def presenters(df) -> dict:
+    """benchmark name -> the Benchmark whose hooks present its rows (benchmarks.for_rows)."""
+    from .benchmarks.base import for_rows
+
+    return {b: for_rows(b) for b in df["benchmark"].unique()} if "benchmark" in df.columns else {}
+
+
+def collective_mask(df):
+    """Rows that time one collective of S > 0 bytes: what busbw, fits and by-size figures
+    are about."""
+    views = presenters(df)
+    return df["benchmark"].map(lambda b: views[b].collective_rows).astype(bool) & (df["nbytes"].astype(float) > 0)
 
 
 def _keyed(rows, keys):
@@ -135,7 +137,7 @@ def _keyed(rows, keys):
         raise UsageError(f"rows lack the column(s) {', '.join(missing)}")
     for k in ("variant", "stage"):
         df[k] = df[k].map(_blank) if k in df.columns else ""
-    df["params"] = df["params"].map(_params_key) if "params" in df.columns else "{}"
+    df["params"] = df["params"].map(params_key) if "params" in df.columns else "{}"
     return df
 
 
@@ -157,8 +159,9 @@ def _busbw_factor(g) -> float | None:
 
 def fit_table(df):
     """One alpha-beta fit per (run, benchmark, backend, world, dtype, variant, params,
-    stage) with >= 2 distinct sizes; barrier-like benchmarks (every nbytes 0) and moe
-    (its size follows the routing, not a sweep) are skipped.
+    stage) with >= 2 distinct sizes, of collective rows only (Benchmark.collective_rows:
+    not moe, whose size follows the routing, nor overlap); benchmarks whose every nbytes
+    is 0 (barrier) are skipped.
 
     Columns: the keys (run only when the rows carry it; params as canonical JSON,
     missing variant/stage as "") + alpha_us, bandwidth_gbps, busbw_asymptote_gbps,
@@ -171,7 +174,8 @@ def fit_table(df):
     if df.empty:
         return pd.DataFrame(columns=keys + list(FIT_COLUMNS))
     df = _keyed(df, keys + ["nbytes"])
-    df = df[~df["benchmark"].isin(NOT_COLLECTIVE)]
+    views = presenters(df)
+    df = df[df["benchmark"].map(lambda b: views[b].collective_rows).astype(bool)]
     sized = df.groupby("benchmark")["nbytes"].transform(lambda n: (n.astype(float) > 0).any())
     df = df[sized.astype(bool)]
     out = []
@@ -189,14 +193,12 @@ def scaling_table(df):
     per-rank throughput against that at the smallest world measured:
     efficiency_pct = value(n) / value(n_min) * 100.
 
-    - Collectives: value = busbw_gbps, the bytes each rank's busiest link moves per
-      second; sizes with nbytes 0 (barrier) have none and are skipped.
-    - moe: value = tokens per rank / time_us_p50, in tokens/s per rank, for the dispatch
-      and combine stages separately. Bytes per rank are the wrong measure here: in weak
-      scaling the tokens per rank are fixed, but the remote share of each rank's copies
-      (and so its bytes) grows with world, so a byte rate would flatter larger worlds.
-      The same holds for nbytes, so moe groups leave nbytes out of the key and each row
-      shows its own world's bytes.
+    The throughput is the benchmark's (Benchmark.scaling_metric); by default, for
+    collective rows, busbw_gbps, the bytes each rank's busiest link moves per second
+    (sizes with nbytes 0, barrier, have none and are skipped). moe gives tokens per
+    second per rank, each stage apart. A benchmark that is not `sized` (moe: its bytes
+    per rank grow with world) leaves nbytes out of its groups' key, and each row shows
+    its own world's bytes.
 
     Several rows for one (group, world) are reduced to their median. Groups measured
     at a single world are dropped. Columns: the keys + world, metric, value,
@@ -204,36 +206,35 @@ def scaling_table(df):
     """
     import pandas as pd
 
-    df = _frame(df)
-    keys = (["run"] if "run" in df.columns else []) + list(SCALING_KEYS)
+    raw = _frame(df)
+    keys = (["run"] if "run" in raw.columns else []) + list(SCALING_KEYS)
     cols = keys + list(SCALING_COLUMNS)
-    if df.empty:
+    if raw.empty:
         return pd.DataFrame(columns=cols)
-    df = _keyed(df, keys + ["world"])
-    moe = df["benchmark"] == MOE_BENCHMARK
-
-    coll = df[~moe & (df["benchmark"] != "overlap") & (df["nbytes"].astype(float) > 0)].copy()
-    if "busbw_gbps" not in coll.columns:
-        if len(coll):
-            raise UsageError("rows lack the column busbw_gbps")
-        coll["busbw_gbps"] = []
-    coll["metric"] = "busbw_gbps"
-    coll["value"] = coll["busbw_gbps"].astype(float)
-
-    m = df[moe].copy()
-    if len(m):
-        tokens = m["params"].map(lambda p: params_dict(p).get("tokens"))
-        if tokens.map(_missing).any():
-            raise UsageError("moe rows need params with 'tokens' for tokens/s per rank")
-        t_us = m["time_us_p50"].astype(float)
-        m["value"] = np.where(t_us > 0, tokens.astype(float) / (t_us * 1e-6), np.nan)
-    else:
-        m["value"] = []
-    m["metric"] = "tokens_per_s_per_rank"
+    df = _keyed(raw, keys + ["world"])
+    views = presenters(df)
+    by_size, unsized = [], []
+    for bench, g in df.groupby("benchmark", sort=False):
+        b = views[bench]
+        got = b.scaling_metric(raw.loc[g.index])  # the hook sees params as dicts
+        if got is None:
+            if not b.collective_rows:
+                continue
+            g = g[g["nbytes"].astype(float) > 0]
+            if "busbw_gbps" not in g.columns:
+                if len(g):
+                    raise UsageError("rows lack the column busbw_gbps")
+                continue
+            got = ("busbw_gbps", g["busbw_gbps"])
+        metric, values = got
+        (by_size if b.sized else unsized).append(g.assign(metric=metric, value=np.asarray(values, dtype=float)))
 
     out = []
-    for part, gkeys in ((coll, keys), (m, [k for k in keys if k != "nbytes"])):
-        part = part[np.isfinite(part["value"].astype(float)) & (part["value"].astype(float) > 0)]
+    for parts, gkeys in ((by_size, keys), (unsized, [k for k in keys if k != "nbytes"])):
+        if not parts:
+            continue
+        part = pd.concat(parts)
+        part = part[np.isfinite(part["value"]) & (part["value"] > 0)]
         for key, g in part.groupby(gkeys, sort=True):
             per_world = g.groupby("world").agg(value=("value", "median"), nbytes=("nbytes", "median"))
             if len(per_world) < 2:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
+from .backends import BACKENDS
 from .errors import UsageError
+from .suite import TIMING_METHODS, key_help
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,30 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run a suite (joins mpirun/srun/torchrun, or starts --np local ranks)")
-    r.add_argument("suite", nargs="?", help="suite name from suites/ or a .toml path")
+    r.add_argument("suite", nargs="?", help="suite name (`commbench list` shows them) or a .toml path")
     r.add_argument("-b", "--benchmarks", type=_csv, help="comma list; overrides the suite's")
-    r.add_argument("--backend", help="mpi, gloo or nccl (default: nccl with a GPU, else mpi)")
+    r.add_argument("--backend", choices=tuple(BACKENDS), help=key_help("backend"))
     r.add_argument("--device", choices=("cpu", "cuda"), help="buffer device (default: the backend's)")
     r.add_argument("--sizes", help="MIN:MAX[:FACTOR] or A,B,C with K/M/G binary suffixes")
     r.add_argument("--dtypes", type=_csv, help="float32, bfloat16, float16, int32")
     r.add_argument("--worlds", type=_int_list, help="rank counts to sweep inside the launch")
-    r.add_argument("--iters", type=int, help="fixed timed iterations (0: calibrate)")
-    r.add_argument("--warmup", type=int)
-    r.add_argument("--min-time-ms", type=float, help="calibration target per point")
-    r.add_argument("--max-iters", type=int)
-    r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help="validate every point")
-    r.add_argument("--timing", help="back_to_back (nccl-tests, default) or barrier (OSU: barrier after each "
-                   "timed operation, outside the timing)")
-    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="GPU: capture the iterations in a CUDA graph, time the replay with CUDA events")
+    r.add_argument("--iters", type=int, help=key_help("iters"))
+    r.add_argument("--warmup", type=int, help=key_help("warmup"))
+    r.add_argument("--min-time-ms", type=float, help=key_help("min_time_ms"))
+    r.add_argument("--max-iters", type=int, help=key_help("max_iters"))
+    r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=key_help("check"))
+    r.add_argument("--timing", choices=TIMING_METHODS, help=key_help("timing"))
+    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=key_help("cuda_graph"))
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
                    help="set a benchmark parameter; several values make a sweep axis")
     r.add_argument("--np", type=int, help="start this many local ranks")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
     r.add_argument("--ranks-per-node", type=int, help="override hostname grouping (two tiers on one host)")
     r.add_argument("--timeout", type=float, dest="timeout_s", metavar="SECONDS",
-                   help="watchdog: end the run when an operation takes this long beyond its expected time "
-                        "(default 300)")
+                   help=key_help("timeout_s") + " (default 300)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted or failed run: skip its finished points")
     r.add_argument("--variants", type=_csv, help="algorithm variants to run, each as its own launch "
                    "(overrides the suite's; `commbench list` shows the built-in ones)")
@@ -144,40 +144,6 @@ def resolve_profile_spec(name: str | None, overrides: dict):
     return ceilings.apply_overrides(ceilings.load_profile(name), overrides)
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
-def parse_params(items: list[str], benchmarks: tuple) -> dict:
-    """--param tokens=128,4096 (every benchmark that has it) or --param moe.tokens=128."""
-    from .benchmarks import get
-
-    out: dict[str, dict] = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--param {item!r}: use [BENCH.]KEY=VALUE")
-        key, val = item.split("=", 1)
-        values = [_value(v) for v in _csv(val)]
-        if not values:
-            raise UsageError(f"--param {item!r}: no value")
-        value = values if len(values) > 1 else values[0]
-        if "." in key:
-            bench, key = key.split(".", 1)
-            targets = [bench]
-        else:
-            targets = [b for b in benchmarks if key in get(b).params]
-            if not targets:
-                raise UsageError(f"--param {key}: no benchmark of this run has that parameter")
-        for b in targets:
-            out.setdefault(b, {})[key] = value
-    return out
-
-
 def _resume_config(args):
     """The suite, backend and launch shape of the run to continue, from its meta.json."""
     from dataclasses import fields
@@ -208,95 +174,84 @@ def _resume_config(args):
     return cfg, meta
 
 
+def _resume(args, argv: list[str]) -> int:
+    from . import launch, runner
+    from .launch_variants import resume_variants
+    from .variants import plan as plan_variants
+
+    cfg, meta = _resume_config(args)
+    backend, device = meta["backend"], meta.get("device")
+    info = launch.detect()
+    world = args.np if args.np is not None else info.world
+    if world != meta.get("world"):
+        raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+    # A run of several variants resumes each unfinished one in its own launch.
+    done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
+    if args.variant is not None:
+        todo = [args.variant]
+    else:
+        todo = [n for n in plan_variants(cfg, backend, device or "cpu").names if n not in done]
+    if args.np is not None:
+        return resume_variants(cfg, todo, args.np, backend, _strip_np(argv) + ["--backend", backend], args.resume,
+                               one_named=args.variant is not None)
+    if len(todo) > 1:
+        raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
+                         f"resume one per launch with --variant NAME")
+    return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
+                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
+
+
 def cmd_run(args, argv: list[str]) -> int:
+    from dataclasses import fields
     from pathlib import Path
 
-    from . import backends, launch, runner, suite as suite_mod
+    from . import backends, launch, plan as plan_mod, runner, suite as suite_mod
+    from .launch_variants import capabilities
     from .results import new_run_dir
     from .units import parse_sizes_arg
+    from .variants import plan as plan_variants
 
     if args.np is not None and args.np < 1:
         raise UsageError(f"--np must be >= 1, got {args.np}")
     if args.resume:
-        cfg, meta = _resume_config(args)
-        backend, device = meta["backend"], meta.get("device")
-        info = launch.detect()
-        world = args.np if args.np is not None else info.world
-        if world != meta.get("world"):
-            raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
-        # A run of several variants resumes each unfinished one in its own launch.
-        done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
-        if args.variant is not None:
-            todo = [args.variant]
-        else:
-            todo = [v.name for v in suite_mod.resolve_variants(cfg) if v.name not in done]
-        if args.np is not None:
-            status = 0
-            for name in todo:
-                child = _strip_np(argv) + ["--backend", backend] + ([] if args.variant else ["--variant", name])
-                v = next((x for x in suite_mod.resolve_variants(cfg) if x.name == name), None)
-                status = launch.spawn_local(args.np, backend, child, out_dir=args.resume,
-                                            extra_env=v.env if v else None) or status
-                if status == 130:
-                    break
-            return status
-        if len(todo) > 1:
-            raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
-                             f"resume one per launch with --variant NAME")
-        return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
-                          meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
+        return _resume(args, argv)
 
     raw = suite_mod.read_suite(args.suite)
-    overrides = {
-        "benchmarks": args.benchmarks, "dtypes": args.dtypes, "worlds": args.worlds, "iters": args.iters,
-        "warmup": args.warmup, "min_time_ms": args.min_time_ms, "max_iters": args.max_iters,
-        "check": args.check, "backend": args.backend, "profile": args.profile,
-        "timing": args.timing, "cuda_graph": args.cuda_graph, "timeout_s": args.timeout_s,
-        "sizes": parse_sizes_arg(args.sizes) if args.sizes else None, "variants": args.variants,
-    }
+    # A flag that overrides a suite key stores its value under the key's field name.
+    overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
+                 if f.name not in ("name", "sizes", "params") and hasattr(args, f.name)}
+    overrides["sizes"] = parse_sizes_arg(args.sizes) if args.sizes else None
     cfg = suite_mod.build_config(raw, overrides)
     if args.param:
-        cfg = suite_mod.build_config(raw, {**overrides, "params": parse_params(args.param, cfg.benchmarks)})
-    backend = backends.check_name(cfg.backend or backends.default_backend())
+        cfg = suite_mod.build_config(raw, {**overrides, "params": suite_mod.parse_params(args.param, cfg.benchmarks)})
+    backend = cfg.backend or backends.default_backend()
+    if backend is None:
+        raise UsageError(f"no backend works here: {backends.INSTALL_HINT}")
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
-    from .benchmarks import get
-
-    if backend == "nccl" or args.device == "cuda":
-        gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
-        if gpu_less:
-            raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
-    if cfg.cuda_graph and backend != "nccl":
-        raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
-                         "cannot capture them")
+    device = args.device or ("cuda" if backend == "nccl" else "cpu")
+    suite_mod.check_backend(cfg, backend, device)
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)
-    variants = suite_mod.resolve_variants(cfg)
     if args.list_variants:
         if launch.detect().rank == 0:
-            print("\n".join(v.name for v in variants))
+            print("\n".join(plan_variants(cfg, backend, device).names))
+        return 0
+    external = args.np is None  # under mpirun/srun/torchrun: this process is one rank of the launch
+    # The MPI flavour and the GPU's capabilities are asked only when a variant may need them.
+    asks = args.variant is not None or (not external and list(cfg.variants) != ["default"])
+    vplan = plan_variants(cfg, backend, device, args.variant,
+                          *(capabilities(backend, device, probe=not external) if asks else ("", None)))
+    if external and args.variant is not None and vplan.skipped:
+        why = vplan.skipped[args.variant]
+        if launch.detect().rank == 0:  # say so, and keep it in the run's record, rather than drop it silently
+            from .launch_variants import record_skip
+
+            print(f"variant {args.variant}: skipped: {why}", flush=True)
+            if args.out:
+                record_skip(args.out, args.variant, why, cfg)
         return 0
     join = False
-    if args.variant is not None:
-        from .variants import BUILTIN
-
-        known = {v.name: v for v in variants}
-        if args.variant not in known and args.variant not in BUILTIN:
-            raise UsageError(f"unknown variant {args.variant!r} (known: {', '.join(sorted(set(known) | set(BUILTIN)))})")
-        variants = [known.get(args.variant) or BUILTIN[args.variant]]
-        if args.np is None:
-            from .launch_variants import mpi_flavor, record_skip
-            from .variants import unavailable
-
-            device = args.device or ("cuda" if backend == "nccl" else "cpu")
-            why = unavailable(variants[0], backend, device, mpi_flavor() if backend == "mpi" else "",
-                              {"nvls": True, "collnet": True, "symm_mem": True} if device == "cuda" else {})
-            if why:  # say so, and keep it in the run's record, rather than drop it silently
-                if launch.detect().rank == 0:
-                    print(f"variant {args.variant}: skipped: {why}", flush=True)
-                    if args.out:
-                        record_skip(args.out, args.variant, why, cfg)
-                return 0
     if args.out and (Path(args.out) / "rows.jsonl").exists():
         from .results import load_meta
 
@@ -311,13 +266,12 @@ def cmd_run(args, argv: list[str]) -> int:
     info = launch.detect()
     world = args.np if args.np is not None else info.world
     points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
-    plan = suite_mod.plan(cfg, points, world, args.device or ("cuda" if backend == "nccl" else "cpu"),
-                          check_counts=backend == "mpi")
+    plan = plan_mod.plan(cfg, points, world, device, check_counts=backend == "mpi")
     if args.dry_run:
         if info.rank == 0:
-            suite_mod.print_plan(cfg, plan, world, backend)
+            plan_mod.print_plan(cfg, plan, world, backend)
         return 0
-    if args.np is not None:
+    if not external:
         if info.world > 1:
             raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
         # The sweep was validated above (expand, plan), before any rank starts or a directory appears.
@@ -328,33 +282,29 @@ def cmd_run(args, argv: list[str]) -> int:
         child = _strip_np(argv) + ["--out", out] if not args.out else _strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
-        if len(variants) == 1 and variants[0].name == "default" and args.variant is None:
+        if args.variant is None and vplan.names == ["default"]:
             return launch.spawn_local(args.np, backend, child, out_dir=out)
         from .launch_variants import run_variants
 
-        return run_variants(variants, args.np, backend, args.device or ("cuda" if backend == "nccl" else "cpu"),
-                            child, out, cfg)
-    if len(variants) > 1:
-        raise UsageError(f"suite {cfg.name} has {len(variants)} variants and NCCL/MPI read their settings once per "
-                         f"process: run one per launch with --variant NAME (`make inswitch` loops over them)")
+        return run_variants(vplan, args.np, backend, child, out, cfg)
+    if len(vplan.entries) > 1:
+        raise UsageError(f"suite {cfg.name} has {len(vplan.entries)} variants and NCCL/MPI read their settings once "
+                         f"per process: run one per launch with --variant NAME (`make inswitch` loops over them)")
     # Under an external launcher every rank names a directory, but only rank 0 writes one.
     out = args.out or str(new_run_dir(cfg.name))
+    name = vplan.names[0]
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
-                      variant=variants[0].name, join=join or variants[0].name != "default")
+                      variant=name, join=join or name != "default")
 
 
 def _strip_np(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
+    """argv without --np N or --np=N: the ranks it starts must not start ranks again."""
+    out, it = [], iter(argv)
+    for a in it:
         if a == "--np":
-            skip = True
-            continue
-        if a.startswith("--np="):
-            continue
-        out.append(a)
+            next(it, None)
+        elif not a.startswith("--np="):
+            out.append(a)
     return out
 
 
@@ -369,12 +319,14 @@ def cmd_list() -> int:
         doc = (type(b).__doc__ or "").strip().splitlines()[0] if type(b).__doc__ else ""
         print(f"  {name:16s} {params or doc}")
     print("backends:")
-    default = backends.default_backend()
+    default = backends.default_backend()  # never one that does not work here
     for name in backends.BACKENDS:
         ok, why = backends.availability(name)
         mark = "yes" if ok else "no "
         print(f"  {name:6s} {mark} {why}{'  (default)' if name == default else ''}"
               f"  dtypes: {', '.join(backends.BACKEND_DTYPES[name])}")
+    if default is None:
+        print(f"  no backend works here: {backends.INSTALL_HINT}")
     print("suites:")
     for s in list_suites():
         print(f"  {s}")
@@ -536,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if detect().rank == 0:
             print(f"commbench: error: {e}", file=sys.stderr, flush=True)
+        else:
+            # Rank 0 says it once. The others leave a moment later: mpirun ends the job at the
+            # first non-zero exit, which could cut rank 0 off before its line is out.
+            time.sleep(1.0)
         return e.exit_status
     except KeyboardInterrupt:
         print("commbench: interrupted", file=sys.stderr)

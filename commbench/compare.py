@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 
+from .analysis import params_key
+
 KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "params", "stage")
 VERDICTS = ("faster", "slower", "not significant")
 # z for a two-sided 95 % interval.
@@ -77,17 +79,6 @@ def point_ci(row) -> tuple[float, float, str]:
     return p50 - h, p50 + h, "median (p50..p90 spread)"
 
 
-def _params_key(v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
-        return "{}"
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except ValueError:
-            return v
-    return json.dumps(v, sort_keys=True)
-
-
 def _blank(v) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
@@ -105,7 +96,7 @@ def _keyed(df):
         recs.append({
             "benchmark": str(r.get("benchmark")), "backend": _blank(r.get("backend")),
             "world": int(r.get("world")), "nbytes": int(r.get("nbytes") or 0), "dtype": _blank(r.get("dtype")),
-            "variant": _blank(r.get("variant")) or "default", "params": _params_key(r.get("params")),
+            "variant": _blank(r.get("variant")) or "default", "params": params_key(r.get("params")),
             "stage": _blank(r.get("stage")), "run": _blank(r.get("run")), "p50": _num(r.get("time_us_p50")),
             "busbw": _num(r.get("busbw_gbps")), "ci_lo": lo, "ci_hi": hi, "basis": basis,
             "iters": _num(r.get("iters")),
@@ -218,23 +209,19 @@ def summary(df) -> dict:
     return counts
 
 
-def _params_text(p: str) -> str:
-    try:
-        d = json.loads(p)
-    except (TypeError, ValueError):
-        return str(p)
-    return " ".join(f"{k}={v}" for k, v in d.items())
+def _params_text(key: str) -> str:
+    """A params key (canonical JSON, params_key) as k=v words."""
+    return " ".join(f"{k}={v}" for k, v in json.loads(key).items())
 
 
 def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True) -> None:
     """Rich table of a compare_runs frame (matched points), then the points found in one
     run only. all_points=False shows only the faster/slower points."""
-    from rich import box
     from rich.markup import escape
-    from rich.table import Table
 
     from .report import _console, stdout_is_tty
     from .units import fmt_size
+    from .viewkit import table
 
     console = console or _console()
     plain = not stdout_is_tty()
@@ -245,10 +232,9 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend", "dtype", "variant", "params", "stage")}
     s = summary(df)
     thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
-    t = Table(title=f"compare: {s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant",
-              caption=f"{thr}ratio = new p50 / base p50; a change counts when it passes the threshold and the "
-                      "~95 % intervals (\u00b1) do not overlap",
-              box=box.ASCII if plain else box.SIMPLE_HEAD)
+    t = table(f"compare: {s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant",
+              f"{thr}ratio = new p50 / base p50; a change counts when it passes the threshold and the "
+              "~95 % intervals (\u00b1) do not overlap", plain)
     heads = ["benchmark"] + [c for c in ("backend",) if cols_opt[c]] + ["world", "size"] + \
         [c for c in ("dtype", "variant", "params", "stage") if cols_opt[c]] + \
         ["base p50 (us)", "new p50 (us)", "change", "busbw base", "busbw new", "busbw change", "verdict"]
@@ -280,8 +266,7 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     else:
         console.print(f"{t.title}: no point changed by more than the threshold and its intervals")
     if len(only_df):
-        o = Table(title=f"points in one run only ({s['only in base']} base, {s['only in new']} new)",
-                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        o = table(f"points in one run only ({s['only in base']} base, {s['only in new']} new)", "", plain)
         for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "params", "stage"):
             o.add_column(h)
         gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "params", "stage"]

@@ -10,8 +10,9 @@ import math
 import time
 from pathlib import Path
 
-from .plots import _params, _text
+from .analysis import fit_table, presenters, scaling_table
 from .units import fmt_size
+from .viewkit import Section, fmt, has, text
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -20,7 +21,6 @@ _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND",
                  "OMPI_UNIVERSE_SIZE", "OMPI_VERSION", "OMPI_MCA_ess_", "OMPI_MCA_orte_", "OMPI_MCA_pmix",
                  "OMPI_MCA_prte_", "OMPI_MCA_ompi_", "OMPI_MCA_shmem_RUNTIME_QUERY_hint", "OMPI_HOME",
                  "OMPI_NODE_RANK", "OMPI_LOCAL_", "TORCH_NCCL_ASYNC_ERROR_HANDLING_DEFAULT")
-NOT_COLLECTIVE = ("moe", "overlap", "barrier")
 
 
 def chosen_env(env: dict | None) -> dict:
@@ -30,25 +30,6 @@ def chosen_env(env: dict | None) -> dict:
 
 # ---------------------------------------------------------------------------------------
 # small helpers
-
-def _has(v) -> bool:
-    try:
-        return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
-    except TypeError:
-        return True
-
-
-def _f(v, digits=2) -> str:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return "-"
-    return f"{x:.{digits}f}" if math.isfinite(x) else "-"
-
-
-def _ptext(v) -> str:
-    return " ".join(f"{k}={x}" for k, x in _params(v).items())
-
 
 def _run_name(p) -> str:
     p = Path(p)
@@ -62,12 +43,6 @@ def _rejudge(df, metas: dict, profile):
     return rejudge_rows(df, {run: (m or {}).get("nodes") for run, m in metas.items()}, profile)
 
 
-class Section:
-    def __init__(self, title: str, note: str = "", headers=None, rows=None, figures=(), level: int = 2):
-        self.title, self.note, self.headers, self.rows = title, note, headers or [], rows or []
-        self.figures, self.level = list(figures), level
-
-
 # ---------------------------------------------------------------------------------------
 # tables
 
@@ -76,7 +51,7 @@ def run_header(name: str, meta: dict) -> list[tuple[str, str]]:
     out = []
     if meta.get("imported_from"):
         out.append(("imported from", f"{meta['imported_from']} ({meta.get('source', meta.get('source_format'))})"))
-    out.append(("suite", _text(meta.get("suite")) or "-"))
+    out.append(("suite", text(meta.get("suite")) or "-"))
     out.append(("status", f"{meta.get('status', '-')}" + (f" ({meta['reason']})" if meta.get("reason") else "")))
     if meta.get("started"):
         out.append(("started", str(meta["started"])))
@@ -106,92 +81,58 @@ def run_header(name: str, meta: dict) -> list[tuple[str, str]]:
     return out
 
 
-def collective_sections(df, figures: dict) -> list[Section]:
-    out = []
+def benchmark_sections(df, figures: dict) -> list[Section]:
+    """Each benchmark's sections (Benchmark.report_sections), with the figures drawn for
+    it; the generic table for those that have none of their own, and those first."""
+    generic, own = [], []
     multi_run = df["run"].nunique() > 1
-    for bench in sorted(df["benchmark"].unique()):
-        if bench in ("moe", "overlap"):
-            continue
+    for bench, b in sorted(presenters(df).items()):
         g = df[df["benchmark"] == bench]
-        if bench == "barrier" or (g["nbytes"].astype(float) <= 0).all():
-            heads = (["run"] if multi_run else []) + ["world", "p50 (us)", "p99 (us)", "iters", "check"]
-            rows = [([_text(r["run"])] if multi_run else []) +
-                    [str(r["world"]), _f(r["time_us_p50"]), _f(r["time_us_p99"]), _text(r.get("iters")),
-                     _text(r.get("check"))] for r in g.sort_values(["run", "world"]).to_dict("records")]
-            out.append(Section(f"{bench}", "latency only", heads, rows))
-            continue
-        g = g.copy()
-        g["variant"] = g["variant"].map(_text).replace("", "default") if "variant" in g.columns else "default"
-        vary = {c: c in g.columns and g[c].map(_text).nunique() > 1 for c in ("variant", "dtype", "params", "stage")}
-        ceil = "pct_of_ceiling" in g.columns and g["pct_of_ceiling"].astype(float).notna().any()
-        heads = (["run"] if multi_run else []) + ["world"] + [c for c in ("variant", "dtype", "params", "stage")
-                                                             if vary[c]] + \
-            ["size", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
-            (["ceiling (GB/s)", "% of ceiling"] if ceil else []) + ["check"]
-        rows = []
-        sort = [c for c in ("run", "world", "variant", "dtype", "stage", "nbytes") if c in g.columns]
-        for r in g.sort_values(sort).to_dict("records"):
-            cells = ([_text(r["run"])] if multi_run else []) + [str(r["world"])]
-            cells += [(_ptext(r.get(c)) if c == "params" else _text(r.get(c))) for c in
-                      ("variant", "dtype", "params", "stage") if vary[c]]
-            cells += [fmt_size(int(r["nbytes"])), _f(r["time_us_p50"]), _f(r["time_us_p99"]), _f(r["algbw_gbps"], 3),
-                      _f(r["busbw_gbps"], 3)]
-            if ceil:
-                cells += [_f(r.get("ceiling_gbps"), 1), _f(r.get("pct_of_ceiling"), 1)]
-            cells.append(_text(r.get("check")))
-            rows.append(cells)
-        note = f"{_busbw_note().get(bench, '')}; p50/p99 of the slowest rank per iteration; GB = 1e9 B".lstrip("; ")
-        if "source" in g.columns and g["source"].map(_has).any():
-            note += "; imported rows: p50 is the tool's mean time"
-        figs = [figures[n] for n in (f"busbw_{bench}", f"latency_{bench}") if n in figures]
-        out.append(Section(bench, note, heads, rows, figs))
-    return out
+        figs = [f for f in figures.values() if f.benchmark == bench]
+        mine = b.report_sections(g, figs)
+        if mine is None:
+            generic.append(collective_section(bench, b, g, figs, multi_run))
+        else:
+            own += mine
+    return generic + own
 
 
-def _busbw_note() -> dict:
-    try:
-        from .report import BUSBW_NOTE
-    except ImportError:
-        return {}
-    return BUSBW_NOTE
-
-
-def _moe_shape(p: dict) -> str:
-    skew = {"zipf": f" alpha={p.get('alpha')}", "hot_rank": f" ratio={p.get('ratio')}",
-            "group_limited": f" M={p.get('max_groups')}"}.get(p.get("routing"), "")
-    return f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} {p.get('routing')}{skew}"
-
-
-def moe_section(df, figures: dict) -> Section | None:
-    m = df[df["benchmark"] == "moe"]
-    if m.empty:
-        return None
-    multi_run = df["run"].nunique() > 1
-    ceil = "pct_of_ceiling" in m.columns and m["pct_of_ceiling"].astype(float).notna().any()
-    heads = (["run"] if multi_run else []) + ["world", "shape", "stage", "p50 (us)", "p99 (us)", "logical GB/s",
-                                               "remote GB/s", "load (hot rank)"] + (["% line"] if ceil else []) + \
-        ["check"]
+def collective_section(bench: str, b, g, figs: list, multi_run: bool) -> Section:
+    """The generic table: by size (variant, dtype, params and stage when they vary), or
+    latency only for a benchmark without sizes (barrier)."""
+    if not b.sized or (g["nbytes"].astype(float) <= 0).all():
+        heads = (["run"] if multi_run else []) + ["world", "p50 (us)", "p99 (us)", "iters", "check"]
+        rows = [([text(r["run"])] if multi_run else []) +
+                [str(r["world"]), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), text(r.get("iters")),
+                 text(r.get("check"))] for r in g.sort_values(["run", "world"]).to_dict("records")]
+        return Section(f"{bench}", b.formula or "latency only", heads, rows, figs)
+    g = g.copy()
+    g["variant"] = g["variant"].map(text).replace("", "default") if "variant" in g.columns else "default"
+    vary = {c: c in g.columns and g[c].map(text).nunique() > 1 for c in ("variant", "dtype", "params", "stage")}
+    ceil = "pct_of_ceiling" in g.columns and g["pct_of_ceiling"].astype(float).notna().any()
+    heads = (["run"] if multi_run else []) + ["world"] + [c for c in ("variant", "dtype", "params", "stage")
+                                                         if vary[c]] + \
+        ["size", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
+        (["ceiling (GB/s)", "% of ceiling"] if ceil else []) + ["check"]
     rows = []
-    for r in m.to_dict("records"):
-        hot = r.get("hottest_rank")
-        hot = str(int(hot)) if _has(hot) and _numeric(hot) else _text(hot)
-        load = f"{_f(r.get('load_max_over_mean'))} (r{hot})" if _has(
-            r.get("load_max_over_mean")) else "-"
-        cells = ([_text(r["run"])] if multi_run else []) + [
-            str(r["world"]), _moe_shape(_params(r.get("params"))), _text(r.get("stage")), _f(r["time_us_p50"], 1),
-            _f(r["time_us_p99"], 1), _f(r.get("logical_gbps")), _f(r.get("remote_gbps")), load]
+    sort = [c for c in ("run", "world", "variant", "dtype", "stage", "nbytes") if c in g.columns]
+    for r in g.sort_values(sort).to_dict("records"):
+        cells = ([text(r["run"])] if multi_run else []) + [str(r["world"])]
+        cells += [(b.describe(r.get("params") or {}) if c == "params" else text(r.get(c))) for c in
+                  ("variant", "dtype", "params", "stage") if vary[c]]
+        cells += [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
+                  fmt(r["busbw_gbps"], 3)]
         if ceil:
-            cells.append(_f(r.get("pct_of_ceiling"), 1))
-        cells.append(_text(r.get("check")))
+            cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
+        cells.append(text(r.get("check")))
         rows.append(cells)
-    figs = [figures[n] for n in ("moe_tokens", "moe_skew") if n in figures]
-    return Section("MoE dispatch / combine", "GB/s = the most loaded rank's bytes / slowest-rank p50; load = max/mean "
-                   "rows received (hottest rank)", heads, rows, figs)
+    note = f"{b.formula}; p50/p99 of the slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+    if "source" in g.columns and g["source"].map(has).any():
+        note += "; imported rows: p50 is the tool's mean time"
+    return Section(bench, note, heads, rows, figs)
 
 
 def scaling_section(df, figures: dict) -> Section | None:
-    from .analysis import scaling_table
-
     try:
         sc = scaling_table(df)
     except Exception:  # noqa: BLE001 - a table must not sink the report
@@ -201,9 +142,10 @@ def scaling_section(df, figures: dict) -> Section | None:
     multi_run = "run" in sc.columns and sc["run"].nunique() > 1
     # The largest size of each collective group (all sizes: `commbench report` in a terminal).
     keys = [k for k in ("run", "benchmark", "backend", "dtype", "variant", "params", "stage") if k in sc.columns]
+    sized = {b: v.sized for b, v in presenters(sc).items()}
     parts = []
     for _, g in sc.groupby(keys, sort=True):
-        if g["benchmark"].iloc[0] != "moe":
+        if sized[g["benchmark"].iloc[0]]:
             g = g[g["nbytes"] == g["nbytes"].max()]
         parts.append(g)
     import pandas as pd
@@ -212,8 +154,8 @@ def scaling_section(df, figures: dict) -> Section | None:
     heads = (["run"] if multi_run else []) + ["benchmark", "stage", "size", "world", "metric", "value", "efficiency"]
     rows = []
     for r in sc.to_dict("records"):
-        rows.append(([_text(r["run"])] if multi_run else []) + [
-            r["benchmark"], _text(r.get("stage")), fmt_size(int(r["nbytes"])) if r["benchmark"] != "moe" else "",
+        rows.append(([text(r["run"])] if multi_run else []) + [
+            r["benchmark"], text(r.get("stage")), fmt_size(int(r["nbytes"])) if sized[r["benchmark"]] else "",
             str(r["world"]), r["metric"], f"{r['value']:.4g}", f"{r['efficiency_pct']:.1f}%"])
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
@@ -221,8 +163,6 @@ def scaling_section(df, figures: dict) -> Section | None:
 
 
 def fit_section(df) -> Section | None:
-    from .analysis import fit_table
-
     try:
         ft = fit_table(df)
     except Exception:  # noqa: BLE001
@@ -235,34 +175,13 @@ def fit_section(df) -> Section | None:
     rows = []
     for r in ft.to_dict("records"):
         nh = r["n_half_nbytes"]
-        rows.append(([_text(r["run"])] if multi_run else []) + [
-            r["benchmark"], str(r["world"]), _text(r.get("variant")) or "default", _text(r["dtype"]),
+        rows.append(([text(r["run"])] if multi_run else []) + [
+            r["benchmark"], str(r["world"]), text(r.get("variant")) or "default", text(r["dtype"]),
             f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
-            _f(r["alpha_us"], 3), _f(r["bandwidth_gbps"], 3), _f(r["busbw_asymptote_gbps"], 3),
-            fmt_size(int(nh)) if _has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}%"])
+            fmt(r["alpha_us"], 3), fmt(r["bandwidth_gbps"], 3), fmt(r["busbw_asymptote_gbps"], 3),
+            fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}%"])
     return Section("Alpha-beta fits", "t = alpha + S/B over each size sweep (relative least squares); n_half = "
                    "alpha x B, the size reaching half of B", heads, rows)
-
-
-def overlap_section(df, figures: dict) -> Section | None:
-    o = df[df["benchmark"] == "overlap"]
-    if o.empty:
-        return None
-    multi_run = df["run"].nunique() > 1
-    from .plots import varying_params
-
-    pk = [k for k in varying_params(o["params"]) if k != "mode"] if "params" in o.columns else []
-    heads = (["run"] if multi_run else []) + ["world", "mode"] + pk + [
-        "bucket", "time (us)", "overlap OSU %", "overlap IMB %", "compute slowdown", "exposed (us)"]
-    rows = []
-    for r in o.sort_values([c for c in ("run", "world", "mode", "nbytes") if c in o.columns]).to_dict("records"):
-        p = _params(r.get("params"))
-        rows.append(([_text(r["run"])] if multi_run else []) + [str(r["world"]), _text(r.get("mode"))] + [
-            _text(p.get(k)) for k in pk] + [fmt_size(int(r["nbytes"])),
-            _f(r["time_us_p50"]), _f(r.get("overlap_osu_pct"), 1), _f(r.get("overlap_imb_pct"), 1),
-            _f(r.get("compute_slowdown"), 3), _f(r.get("exposed_us"))])
-    figs = [figures["overlap"]] if "overlap" in figures else []
-    return Section("Overlap", "communication hidden behind compute, by bucket size", heads, rows, figs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,8 +313,8 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         figures = plots.make_figures(df, fig_dir, profile)
     else:
         notes.append("matplotlib is not installed: no figures (pip install 'commbench[plot]')")
-    sections = collective_sections(df, figures)
-    for s in (moe_section(df, figures), overlap_section(df, figures), scaling_section(df, figures), fit_section(df)):
+    sections = benchmark_sections(df, figures)
+    for s in (scaling_section(df, figures), fit_section(df)):
         if s is not None:
             sections.append(s)
     # In-switch speedup has no table of its own: its figure goes with the sections.

@@ -44,6 +44,14 @@ def detect(env=None) -> LaunchInfo:
     return LaunchInfo(0, 1, 0, "none")
 
 
+def node_ids(hosts: list[str], ranks_per_node: int | None = None) -> list[int]:
+    """Node of each rank: by hostname, or rank // ranks_per_node to model two tiers on one host."""
+    if ranks_per_node:
+        return [r // ranks_per_node for r in range(len(hosts))]
+    order: dict[str, int] = {}
+    return [order.setdefault(h, len(order)) for h in hosts]
+
+
 def prepare_torch_env(info: LaunchInfo) -> None:
     """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, when no
     MASTER_ADDR is given, agree on rank 0's host and a free port over MPI."""
@@ -167,25 +175,7 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     if interrupted:
         status = 130
     if out_dir:
-        _settle_meta(out_dir, status, interrupted)
+        from .results import RunDir
+
+        RunDir(out_dir).settle(status, interrupted)
     return status
-
-
-def _settle_meta(out_dir: str, status: int, interrupted: bool) -> None:
-    """Mark a run the ranks could not mark themselves (rank 0 killed, or stopped by us)."""
-    import json
-
-    meta_path = Path(out_dir) / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        return
-    if interrupted and meta.get("status") in ("running", "failed"):
-        meta.update(status="interrupted", reason=meta.get("reason") or "interrupted (SIGINT to the launcher)")
-    elif status and meta.get("status") == "running":
-        meta.update(status="failed", reason=f"ranks exited with status {status} before rank 0 could finish the run")
-    else:
-        return
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, meta_path)

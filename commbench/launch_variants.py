@@ -5,14 +5,13 @@ checked against what the variant asked for."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from . import launch
-from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component, unavailable
+from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
 
 
 def mpi_flavor() -> str:
@@ -53,19 +52,28 @@ def library_report(v, backend: str, np_: int, out: str) -> dict:
     return {}
 
 
-def run_variants(variants, np_: int, backend: str, device: str, child_argv: list[str], out: str, cfg) -> int:
+def capabilities(backend: str, device: str, probe: bool = True) -> tuple[str, dict]:
+    """What variants.plan needs to know about this host: the MPI flavour (mpi backend) and,
+    on GPUs, the in-switch capabilities. NVLS and CollNet only show when NCCL runs, so they
+    are tried, and the recorded algorithm (NCCL's debug file) says whether they were used;
+    probe=False (a rank inside an external launch) takes symmetric memory on trust too."""
     flavor = mpi_flavor() if backend == "mpi" else ""
     caps = {}
     if device == "cuda":
-        # NVLS and CollNet availability only shows when NCCL runs: try them, and let the
-        # recorded algorithm (NCCL's debug file) say whether they were used.
-        from .backends.torch_dist import symm_mem_support
+        why = None
+        if probe:
+            from .backends.torch_dist import symm_mem_support
 
-        why = symm_mem_support()
+            why = symm_mem_support()
         caps = {"nvls": True, "collnet": True, "symm_mem": True if why is None else why}
+    return flavor, caps
+
+
+def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str, cfg) -> int:
+    """Launch each runnable variant of the plan (variants.plan) on np_ local ranks, one
+    launch each, into one run directory; then the side-by-side report."""
     skipped, library, status = {}, {}, 0
-    for v in variants:
-        why = unavailable(v, backend, device, flavor, caps)
+    for v, why in vplan.entries:
         if why:
             print(f"variant {v.name}: skipped: {why}", flush=True)
             skipped[v.name] = why
@@ -89,7 +97,27 @@ def run_variants(variants, np_: int, backend: str, device: str, child_argv: list
         from .report import variant_tables
         from .results import load
 
-        variant_tables(load(out), cfg.baseline)  # skipped ones were announced above
+        if vplan.note:
+            print(f"note: {vplan.note}", flush=True)
+        df = load(out)
+        ran = set(df["variant"]) if "variant" in df else set()
+        # skipped ones were announced above; a baseline that did not run leaves the choice to the report
+        variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
+    return status
+
+
+def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: list[str], out: str,
+                    one_named: bool) -> int:
+    """--resume --np N of a run of several variants: each unfinished one in its own launch
+    (with its settings in the environment, as the first launch had them)."""
+    from .variants import lookup
+
+    status = 0
+    for name in names:
+        child = child_argv + ([] if one_named else ["--variant", name])
+        status = launch.spawn_local(np_, backend, child, out_dir=out, extra_env=lookup(cfg, name).env) or status
+        if status == 130:
+            break
     return status
 
 
@@ -99,21 +127,22 @@ def record_skip(out: str, name: str, why: str, cfg) -> None:
 
 
 def _finish_meta(out: str, cfg, skipped: dict, library: dict) -> None:
-    from .results import base_meta, write_csv
-    from .runner import overall_status
+    """The launcher's record of the variants: skipped ones with their reason, what the
+    library said it used, and the run's status from its variants'."""
+    from .results import RunDir, Status, base_meta, overall_status
 
-    path = Path(out) / "meta.json"
-    Path(out).mkdir(parents=True, exist_ok=True)
-    meta = json.loads(path.read_text()) if path.is_file() else {**base_meta(sys.argv[1:]), "suite": cfg.name}
-    vs = meta.setdefault("variants", {})
+    rd = RunDir(out)
+    meta = rd.read_meta() or {**base_meta(sys.argv[1:]), "suite": cfg.name}
+    rd.meta = meta
     for name, why in skipped.items():
-        vs[name] = {"status": "skipped", "reason": why}
+        meta.setdefault("variants", {})[name] = {"status": Status.SKIPPED.value, "reason": why}
     for name, lib in library.items():
-        vs.setdefault(name, {"status": "failed", "reason": "the launch ended before rank 0 recorded it"})["library"] = lib
-    if meta.get("status") != "interrupted":
-        meta["status"] = overall_status(vs) if any(v.get("status") != "skipped" for v in vs.values()) else "complete"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    if Path(out, "rows.jsonl").is_file():
-        write_csv(Path(out))
+        if name not in meta.get("variants", {}):
+            rd.variant(name).update(status=Status.FAILED.value, reason="the launch ended before rank 0 recorded it")
+        rd.variant(name)["library"] = lib
+    vs = meta.get("variants", {})
+    if meta.get("status") != Status.INTERRUPTED:
+        meta["status"] = overall_status(vs).value
+    rd.write_meta()
+    if rd.holds_run():
+        rd.write_csv()

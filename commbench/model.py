@@ -38,13 +38,6 @@ ASSUMPTIONS: list[str] = [
 
 ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "rabenseifner", "inswitch", "hierarchical")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "moe")
-# nccl-tests busbw factors F(p) (README "Formulas"), for the algbw/busbw columns of a projection.
-_BUSBW_FACTOR = {
-    "all_reduce": lambda p: 2 * (p - 1) / p,
-    "all_gather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "all_to_all": lambda p: (p - 1) / p,
-}
 
 
 @dataclass(frozen=True)
@@ -314,7 +307,7 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
       left out at worlds it cannot split into domains).
     - all_gather / reduce_scatter (ring), all_to_all (pairwise): algos ignored.
     Collective rows: kind, algo, world, nbytes, time_us, algbw_gbps = S/t, busbw_gbps
-    (algbw times the nccl-tests factor; above the link rate for inswitch, see README "Formulas").
+    (algbw times the benchmark's busbw factor; above the link rate for inswitch, see README "Formulas").
 
     - moe: moe_shape (default moe_scenario_defaults()) over `cases`; rows: kind, case,
       world, dispatch_us, combine_us, nic_copies_per_token, nvl_copies_per_token,
@@ -354,6 +347,9 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                 raise UsageError(f"unknown all_reduce algorithm {a!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
     else:
         algos = ["pairwise" if kind == "all_to_all" else "ring"]
+    from .benchmarks import registry
+
+    bench = registry()[kind]  # the busbw factor F(p) of README "Formulas" is the benchmark's
     for p in worlds:
         for S in sizes_nbytes:
             for a in algos:
@@ -368,7 +364,7 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                 else:
                     t = all_to_all_time_us(p, S, fabric)
                 algbw = S / (t * 1e3) if t > 0 else math.inf
-                f = _BUSBW_FACTOR[kind](p)
+                f = bench.busbw_factor(p)
                 out.append({"kind": kind, "algo": a, "world": p, "nbytes": int(S), "time_us": t,
                             "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0})
     return out

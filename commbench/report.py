@@ -6,17 +6,7 @@ import os
 import sys
 
 from .units import fmt_size
-
-# Shown under each table so nobody has to guess which bandwidth a column is.
-BUSBW_NOTE = {
-    "all_reduce": "busbw = algbw x 2(n-1)/n",
-    "reduce_scatter": "S = whole input; busbw = algbw x (n-1)/n",
-    "all_gather": "S = whole output; busbw = algbw x (n-1)/n",
-    "all_to_all": "S = bytes a rank sends; busbw = algbw x (n-1)/n",
-    "broadcast": "busbw = algbw",
-    "send_recv": "S per direction; busbw = algbw",
-    "barrier": "latency only",
-}
+from .viewkit import table
 
 
 def stdout_is_tty() -> bool:
@@ -33,19 +23,10 @@ def _console():
     return Console(force_terminal=tty, no_color=not tty, width=240 if not tty else None, highlight=False)
 
 
-def _params_text(p) -> str:
-    if isinstance(p, str):
-        try:
-            p = json.loads(p)
-        except ValueError:
-            return p
-    return " ".join(f"{k}={v}" for k, v in (p or {}).items())
-
-
 def print_tables(rows, console=None) -> None:
-    """One table per benchmark: size, p50, p99, algbw, busbw, check."""
-    from rich import box
-    from rich.table import Table
+    """Each benchmark's tables (Benchmark.tables); by default one table per benchmark:
+    size, p50, p99, algbw, busbw, check."""
+    from .benchmarks.base import for_rows
 
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
@@ -55,40 +36,40 @@ def print_tables(rows, console=None) -> None:
     for r in rows:
         by_bench.setdefault(r["benchmark"], []).append(r)
     for bench, rs in by_bench.items():
-        if bench == "moe":
-            console.print(moe_table(rs, plain))
-            continue
-        if bench == "overlap":
-            from .benchmarks.overlap import overlap_table
+        b = for_rows(bench)
+        own = b.tables(rs, plain)
+        for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
+            console.print(t)
 
-            console.print(overlap_table(rs, plain))
-            continue
-        show_params = len({_params_text(r.get("params")) for r in rs}) > 1
-        show_stage = any(r.get("stage") for r in rs)
-        show_run = len({r.get("run") for r in rs}) > 1
-        show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
-        t = Table(title=f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
-                  caption=f"{BUSBW_NOTE.get(bench, '')}; time = slowest rank per iteration; GB = 1e9 B"
-                  + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""),
-                  box=box.ASCII if plain else box.SIMPLE_HEAD)
-        cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["params"] if show_params else []) \
-            + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] \
-            + (["bound (us)", "ceiling (GB/s)", "% line", "% achieved"] if show_ceiling else []) + ["check"]
-        for c in cols:
-            t.add_column(c, justify="left" if c in ("run", "dtype", "params", "stage", "check") else "right",
-                         no_wrap=c != "params")
-        for r in rs:
-            cells = ([str(r.get("run"))] if show_run else []) + [str(r["world"]), fmt_size(int(r["nbytes"])), r["dtype"]]
-            cells += [_params_text(r.get("params"))] if show_params else []
-            cells += [str(r.get("stage") or "")] if show_stage else []
-            cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}",
-                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
-            if show_ceiling:
-                cells += [_num(r.get("time_bound_us"), 2), _num(r.get("ceiling_gbps"), 1),
-                          _num(r.get("pct_of_ceiling"), 1), _num(r.get("pct_of_achieved"), 1)]
-            cells += [str(r["check"])]
-            t.add_row(*cells)
-        console.print(t)
+
+def collective_table(bench: str, b, rs: list[dict], plain: bool):
+    """The generic table of one benchmark's rows."""
+    show_params = len({b.describe(r.get("params") or {}) for r in rs}) > 1
+    show_stage = any(r.get("stage") for r in rs)
+    show_run = len({r.get("run") for r in rs}) > 1
+    show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
+    note = b.formula or ("" if b.sized else "latency only")
+    t = table(f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
+              f"{note}; time = slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
+    cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["params"] if show_params else []) \
+        + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] \
+        + (["bound (us)", "ceiling (GB/s)", "% line", "% achieved"] if show_ceiling else []) + ["check"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("run", "dtype", "params", "stage", "check") else "right",
+                     no_wrap=c != "params")
+    for r in rs:
+        cells = ([str(r.get("run"))] if show_run else []) + [str(r["world"]), fmt_size(int(r["nbytes"])), r["dtype"]]
+        cells += [b.describe(r.get("params") or {})] if show_params else []
+        cells += [str(r.get("stage") or "")] if show_stage else []
+        cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}",
+                  f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+        if show_ceiling:
+            cells += [_num(r.get("time_bound_us"), 2), _num(r.get("ceiling_gbps"), 1),
+                      _num(r.get("pct_of_ceiling"), 1), _num(r.get("pct_of_achieved"), 1)]
+        cells += [str(r["check"])]
+        t.add_row(*cells)
+    return t
 
 
 def _has(v) -> bool:
@@ -109,10 +90,8 @@ def _ceiling_caption(rs) -> str:
 def analysis_tables(rows, console=None) -> None:
     """Scaling efficiency over rank counts, and the alpha-beta fit over sizes."""
     import pandas as pd
-    from rich import box
-    from rich.table import Table
 
-    from .analysis import fit_table, scaling_table
+    from .analysis import fit_table, presenters, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
     if df.empty:
@@ -121,21 +100,22 @@ def analysis_tables(rows, console=None) -> None:
     plain = not stdout_is_tty()
     sc = scaling_table(df)
     if not sc.empty:
-        t = Table(title="weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
-                  caption="collectives: busbw; moe: tokens per second per rank (bytes per rank grow with n)",
-                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        t = table("weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
+                  "collectives: busbw; moe: tokens per second per rank (bytes per rank grow with n)", plain)
         for c in ("benchmark", "stage", "size", "dtype", "params", "world", "metric", "value", "efficiency"):
             t.add_column(c, justify="right" if c in ("size", "world", "value", "efficiency") else "left")
+        views = presenters(sc)
         for r in sc.to_dict("records"):
-            t.add_row(r["benchmark"], str(r.get("stage") or ""), fmt_size(int(r["nbytes"])) if r["benchmark"] != "moe" else "",
-                      str(r["dtype"]), _moe_params(r.get("params")) if r["benchmark"] == "moe" else "", str(r["world"]),
+            b = views[r["benchmark"]]
+            # An unsized benchmark's rows show their params (its point) in place of a size.
+            t.add_row(r["benchmark"], str(r.get("stage") or ""), fmt_size(int(r["nbytes"])) if b.sized else "",
+                      str(r["dtype"]), "" if b.sized else b.describe(json.loads(r["params"])), str(r["world"]),
                       r["metric"], f"{r['value']:.4g}", f"{r['efficiency_pct']:.1f}%")
         console.print(t)
     ft = fit_table(df)
     if not ft.empty:
-        t = Table(title="alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
-                  caption="n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F",
-                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        t = table("alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
+                  "n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F", plain)
         for c in ("benchmark", "world", "dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half",
                   "rms err", "max err"):
             t.add_column(c, justify="left" if c in ("benchmark", "dtype", "sizes") else "right")
@@ -198,52 +178,11 @@ def rejudge_rows(df, nodes: dict, profile):
     return pd.DataFrame(out)
 
 
-def _moe_params(p) -> str:
-    if isinstance(p, str):
-        p = json.loads(p)
-    p = p or {}
-    skew = {"zipf": f" a={p.get('alpha')}", "hot_rank": f" r={p.get('ratio')}",
-            "group_limited": f" M={p.get('max_groups')}"}.get(p.get("routing"), "")
-    return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
-            f"{p.get('copies')} {p.get('routing')}{skew}")
-
-
-def moe_table(rs, plain: bool):
-    """Dispatch and combine side by side with the three byte counts and the stages."""
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title=f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]", box=box.ASCII if plain else box.SIMPLE_HEAD,
-              caption="GB/s = the most loaded rank's bytes / slowest-rank p50. logical: rows received incl. "
-                      "from itself (DeepEP); remote: from other ranks; up/out: from the same / other nodes. "
-                      "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank. "
-                      "% line: per-tier time bound at the profile's line rate / p50")
-    show_run = len({r.get("run") for r in rs}) > 1
-    cols = (["run"] if show_run else []) + ["world", "shape", "stage", "dtype", "p50 (us)", "p99 (us)", "max (us)",
-                                            "logical", "remote", "scale-up", "scale-out", "load (hot)",
-                                            "stages (us)", "outside a2a", "% line", "check"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run", "shape", "stage", "dtype", "stages (us)", "check") else "right",
-                     no_wrap=True)
-    for r in rs:
-        stages = " ".join(f"{k[9:]}={r[k]:.0f}" for k in r if k.startswith("stage_us_") and r[k] == r[k])
-        cells = ([str(r.get("run"))] if show_run else []) + [
-            str(r["world"]), _moe_params(r.get("params")), str(r.get("stage")), str(r["dtype"]),
-            f"{r['time_us_p50']:.1f}", f"{r['time_us_p99']:.1f}", f"{r['time_us_max']:.1f}",
-            f"{r['logical_gbps']:.2f}", f"{r['remote_gbps']:.2f}", f"{r['scaleup_gbps']:.2f}",
-            f"{r['scaleout_gbps']:.2f}", f"{r['load_max_over_mean']:.2f} (r{int(r['hottest_rank'])})",
-            stages, f"{r['outside_a2a_pct']:.0f}%", _num(r.get("pct_of_ceiling"), 1), str(r["check"])]
-        t.add_row(*cells)
-    return t
-
-
 def variant_tables(df, baseline: str | None = None, skipped: dict | None = None, console=None) -> None:
     """Side by side per collective, world and size: each variant's p50, algbw, busbw, wire
     bandwidth (algbw*(n+1)/n for in-switch variants, else busbw) and % of the scale-up
     ceiling; then each variant's speedup over the baseline and the size from which it wins."""
-    from rich import box
-    from rich.table import Table
-
+    from .analysis import presenters
     from .variants import crossover_nbytes, pick_baseline, wire_gbps
 
     console = console or _console()
@@ -256,14 +195,14 @@ def variant_tables(df, baseline: str | None = None, skipped: dict | None = None,
     if len(names) < 2:
         return
     base = pick_baseline(names, baseline)
+    views = presenters(df)
     for (bench, world, dtype), g in df.groupby(["benchmark", "world", "dtype"], sort=False):
-        if bench in ("barrier", "moe", "overlap") or g["variant"].nunique() < 2:
+        if not (views[bench].sized and views[bench].collective_rows) or g["variant"].nunique() < 2:
             continue
         here = [n for n in names if n in set(g["variant"])]
-        t = Table(title=f"{bench} world {world} {dtype}: variants side by side (baseline {base})",
-                  caption="wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw otherwise; "
-                          "% = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 over the baseline",
-                  box=box.ASCII if plain else box.SIMPLE_HEAD)
+        t = table(f"{bench} world {world} {dtype}: variants side by side (baseline {base})",
+                  "wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw otherwise; "
+                  "% = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 over the baseline", plain)
         t.add_column("size", justify="right")
         for n in here:
             for c in ("p50 us", "algbw", "busbw", "wire", "%", "x"):

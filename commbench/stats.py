@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-STAT_FIELDS = ("min", "p50", "mean", "p90", "p99", "max", "std")
-
 
 def summarize_us(times_s: np.ndarray) -> dict[str, float]:
     """time_us_* fields from per-iteration times in seconds."""

@@ -2,75 +2,186 @@
 expand the sweep grid into points."""
 from __future__ import annotations
 
-import functools
 import itertools
+import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .backends import BACKENDS
 from .errors import UsageError
 from .units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
 
-SUITE_KEYS = {
-    "description": "what the suite measures",
-    "benchmarks": "benchmark names to run",
-    "sizes": "{min, max, factor} or a list of sizes (K/M/G binary suffixes)",
-    "dtypes": "element types",
-    "worlds": "rank counts swept inside one launch (default: 2, 4, 8, ... up to the launch)",
-    "max_world": "drop default worlds above this",
-    "iters": "fixed timed iterations per point (0 or absent: calibrate to min_time_ms)",
-    "warmup": "untimed iterations before timing",
-    "min_time_ms": "calibration target per point",
-    "min_iters": "calibration floor",
-    "max_iters": "calibration ceiling",
-    "check": "validate every point's data",
-    "timeout_s": "watchdog: seconds an operation may take beyond its expected time before the run ends",
-    "timing": "back_to_back (nccl-tests: operations one after another) or barrier (OSU: a barrier after each, untimed)",
-    "cuda_graph": "GPU: capture iterations in a CUDA graph and time its replay (hides launch overhead)",
-    "backend": "mpi, gloo or nccl",
-    "profile": "hardware profile rows are compared with (built-in name or .toml path; default: loopback on CPU)",
-    "params": "per-benchmark parameter tables; a list value is a sweep axis",
-    "variants": "algorithm variants to run, each as its own launch (built-in names or [variant.NAME] tables)",
-    "variant": "[variant.NAME] tables: env, backend, inswitch, requires, description",
-    "baseline": "the variant speedups are measured against (default: the ring one, else default)",
-}
-
-
 TIMING_METHODS = ("back_to_back", "barrier")
+
+# Where suites are found, before the ones that ship with commbench: COMMBENCH_SUITES (suite
+# files or directories of them, os.pathsep-separated), then ./suites of the current directory.
+SUITES_ENV = "COMMBENCH_SUITES"
+PACKAGE_SUITES = Path(__file__).resolve().parent / "suites"
+
+
+# --- the config: each field declares its suite key, help and check --------------------
+#
+# A check takes (value, key, suite name) and returns the field's value or raises a one-line
+# UsageError; build_config, the unknown-key message and the README's table all come from the
+# fields, so a key is added in one place.
+
+def _fail(key, what, value):
+    raise UsageError(f"suite key {key!r} must be {what}, got {value!r}")
+
+
+def _of(kind, what):
+    return lambda v, key, suite: v if isinstance(v, kind) else _fail(key, what, v)
+
+
+def _choice(options):
+    return lambda v, key, suite: v if isinstance(v, str) and v in options else _fail(
+        key, f"one of {', '.join(options)}", v)
+
+
+def _int(lo):
+    def check(v, key, suite):
+        if not isinstance(v, int) or isinstance(v, bool):
+            _fail(key, "an integer", v)
+        return v if v >= lo else _fail(key, f">= {lo}", v)
+    return check
+
+
+def _positive(what):
+    def check(v, key, suite):
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            _fail(key, what, v)
+        return float(v) if v > 0 else _fail(key, "positive", v)
+    return check
+
+
+def _names(what, nonempty, item=None):
+    """A list (one bare string counts as a list of one); item checks or converts each entry,
+    otherwise each must be a string."""
+    def check(v, key, suite):
+        items = [v] if isinstance(v, str) else v
+        if (not isinstance(items, (list, tuple)) or (nonempty and not items)
+                or (item is None and not all(isinstance(x, str) for x in items))):
+            _fail(key, what, v)
+        return tuple(item(x) if item else x for x in items)
+    return check
+
+
+def _worlds(v, key, suite):
+    w = [v] if isinstance(v, int) and not isinstance(v, bool) else v
+    if not isinstance(w, (list, tuple)) or not w or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in w):
+        _fail(key, "a non-empty list of positive integers", v)
+    return tuple(sorted(set(w)))
+
+
+def _sizes(s, key, suite):
+    if isinstance(s, dict):
+        if set(s) - {"min", "max", "factor"} or not {"min", "max"} <= set(s):
+            raise UsageError(f"suite key 'sizes' table needs min and max (and optional factor), got {sorted(s)}")
+        return dict(s)
+    if isinstance(s, (list, tuple)):
+        if not s:
+            raise UsageError("suite key 'sizes' is an empty list: nothing to sweep")
+        return list(s)
+    return _fail(key, "a {min, max, factor} table or a list", s)
+
+
+def _params(v, key, suite):
+    if not isinstance(v, dict) or not all(isinstance(t, dict) for t in v.values()):
+        raise UsageError(f"suite {suite}: 'params' must be a table of tables ([params.BENCHMARK])")
+    return {bench: dict(t) for bench, t in v.items()}
+
+
+def _variant_tables(v, key, suite):
+    from .variants import parse_suite_variants
+
+    # Stored as plain tables, so the config goes into meta.json as it is.
+    return {n: var.__dict__ for n, var in parse_suite_variants(v, f"suite {suite}").items()}
+
+
+def _baseline(v, key, suite):
+    if isinstance(v, str) or (isinstance(v, dict) and all(b in BACKENDS and isinstance(n, str) for b, n in v.items())):
+        return v
+    return _fail(key, f"a variant name or a table of backend = variant name ({', '.join(BACKENDS)})", v)
+
+
+def _key(default=None, help="", check=None, key=None, factory=None):
+    """A suite key: default, help, and the check a suite file's (or the CLI's) value passes.
+    key: the name in the suite file when it differs from the field's."""
+    meta = {"help": help, "check": check, "key": key}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    name: str
-    description: str = ""
-    benchmarks: tuple = ()
-    sizes: object = field(default_factory=lambda: {"min": "8", "max": "4M", "factor": 2})
-    dtypes: tuple = ("float32",)
-    worlds: tuple | None = None
-    max_world: int | None = None
-    iters: int = 0
-    warmup: int = 5
-    min_time_ms: float = 50.0
-    min_iters: int = 5
-    max_iters: int = 10000
-    check: bool = False
-    timing: str = "back_to_back"
-    timeout_s: float = 300.0
-    cuda_graph: bool = False
-    backend: str | None = None
-    profile: str | None = None
-    params: dict = field(default_factory=dict)
-    variants: tuple = ("default",)
-    variant_defs: dict = field(default_factory=dict)
-    baseline: str | None = None
+    name: str  # the suite file's stem, not a key in it
+    description: str = _key("", "what the suite measures", lambda v, k, s: str(v))
+    benchmarks: tuple = _key((), "benchmark names to run", _names("a list of names", False))
+    sizes: object = _key(help="{min, max, factor} or a list of sizes (K/M/G binary suffixes)", check=_sizes,
+                         factory=lambda: {"min": "8", "max": "4M", "factor": 2})
+    dtypes: tuple = _key(("float32",), "element types", _names("a non-empty list", True, check_dtype))
+    worlds: tuple | None = _key(None, "rank counts swept inside one launch (default: 2, 4, 8, ... up to the launch)",
+                                _worlds)
+    max_world: int | None = _key(None, "drop default worlds above this", _int(1))
+    iters: int = _key(0, "fixed timed iterations per point (0 or absent: calibrate to min_time_ms)", _int(0))
+    warmup: int = _key(5, "untimed iterations before timing", _int(0))
+    min_time_ms: float = _key(50.0, "calibration target per point", _positive("a number"))
+    min_iters: int = _key(5, "calibration floor", _int(1))
+    max_iters: int = _key(10000, "calibration ceiling", _int(1))
+    check: bool = _key(False, "validate every point's data", _of(bool, "true or false"))
+    timing: str = _key("back_to_back", "back_to_back (nccl-tests: operations one after another) or barrier "
+                       "(OSU: a barrier after each, untimed)", _choice(TIMING_METHODS))
+    timeout_s: float = _key(300.0, "watchdog: seconds an operation may take beyond its expected time before the "
+                            "run ends", _positive("a number of seconds"))
+    cuda_graph: bool = _key(False, "GPU: capture iterations in a CUDA graph and time its replay (hides launch "
+                            "overhead)", _of(bool, "true or false"))
+    backend: str | None = _key(None, f"{', '.join(BACKENDS)} (default: nccl with a GPU, else mpi, else gloo: "
+                               "the first that works here)", _choice(tuple(BACKENDS)))
+    profile: str | None = _key(None, "hardware profile rows are compared with (built-in name or .toml path; "
+                               "default: loopback on CPU)", _of(str, "a profile name or path"))
+    params: dict = _key(help="per-benchmark parameter tables; a list value is a sweep axis", check=_params,
+                        factory=dict)
+    variants: tuple = _key(("default",), "algorithm variants to run, each as its own launch (built-in names or "
+                           "[variant.NAME] tables)", _names("a non-empty list of names", True))
+    variant_defs: dict = _key(help="[variant.NAME] tables: env, backend, inswitch, requires, description",
+                              check=_variant_tables, key="variant", factory=dict)
+    baseline: str | dict | None = _key(None, "the variant speedups are measured against: a name, or a table "
+                                       "backend = name (default: the first ring variant that runs, else default)",
+                                       _baseline)
 
     @property
     def explicit_sizes(self) -> bool:
         return isinstance(self.sizes, (list, tuple))
 
 
+def _keyed_fields() -> dict:
+    """suite-file key -> dataclass field, in declaration order."""
+    return {f.metadata.get("key") or f.name: f for f in fields(SuiteConfig) if f.metadata.get("check")}
+
+
+def suite_keys() -> dict[str, str]:
+    """Every key a suite file may hold, with its help."""
+    return {k: f.metadata["help"] for k, f in _keyed_fields().items()}
+
+
+def key_help(name: str) -> str:
+    return {f.name: f.metadata.get("help", "") for f in fields(SuiteConfig)}[name]
+
+
 def suite_dirs() -> list[Path]:
-    return [Path.cwd() / "suites", Path(__file__).resolve().parent.parent / "suites"]
+    """Where suites are looked up, first match wins: COMMBENCH_SUITES (files or directories),
+    ./suites (a user's own), then the suites that ship with commbench."""
+    user = [Path(p) for p in os.environ.get(SUITES_ENV, "").split(os.pathsep) if p.strip()]
+    return user + [Path.cwd() / "suites", PACKAGE_SUITES]
+
+
+def _suite_files(d: Path) -> list[Path]:
+    if d.is_file():
+        return [d]
+    return sorted(d.glob("*.toml")) if d.is_dir() else []
 
 
 def find_suite(name: str) -> Path:
@@ -80,17 +191,14 @@ def find_suite(name: str) -> Path:
             raise UsageError(f"suite file {name} not found")
         return p
     for d in suite_dirs():
-        if (d / f"{name}.toml").is_file():
-            return d / f"{name}.toml"
+        hit = next((f for f in _suite_files(d) if f.stem == name), None)
+        if hit is not None:
+            return hit
     raise UsageError(f"unknown suite {name!r} (known: {', '.join(list_suites()) or 'none'})")
 
 
 def list_suites() -> list[str]:
-    seen = {}
-    for d in suite_dirs():
-        for f in sorted(d.glob("*.toml")) if d.is_dir() else []:
-            seen.setdefault(f.stem, f)
-    return sorted(seen)
+    return sorted({f.stem for d in suite_dirs() for f in _suite_files(d)})
 
 
 def read_suite(name: str | None) -> dict:
@@ -107,106 +215,31 @@ def read_suite(name: str | None) -> dict:
     return raw
 
 
-def _type(key, value, kinds, what):
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,))):
-        raise UsageError(f"suite key {key!r} must be {what}, got {value!r}")
-    return value
-
-
 def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
-    """Validate a suite table; CLI overrides (already typed) win over its fields."""
+    """Validate a suite table (keys as in the file); CLI overrides (by field name) win over
+    its fields; override params are merged into the suite's per benchmark."""
     raw = dict(raw)
     name = raw.pop("name", "adhoc")
-    unknown = sorted(set(raw) - set(SUITE_KEYS))
+    keyed = _keyed_fields()
+    unknown = sorted(set(raw) - set(keyed))
     if unknown:
-        raise UsageError(f"suite {name}: unknown key {unknown[0]!r} (known: {', '.join(SUITE_KEYS)})")
-    merged = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None and k != "params"}}
-    params = {k: dict(v) for k, v in raw.get("params", {}).items()} if isinstance(raw.get("params", {}), dict) else raw["params"]
-    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
-        raise UsageError(f"suite {name}: 'params' must be a table of tables ([params.BENCHMARK])")
-    for bench, kv in ((overrides or {}).get("params") or {}).items():
+        raise UsageError(f"suite {name}: unknown key {unknown[0]!r} (known: {', '.join(keyed)})")
+    overrides = overrides or {}
+    kw = {"name": name}
+    for key, f in keyed.items():
+        value = overrides.get(f.name) if f.name != "params" else None
+        if value is None and key in raw:
+            value = raw[key]
+        if value is not None:
+            kw[f.name] = f.metadata["check"](value, key, name)
+    params = kw.setdefault("params", {})
+    for bench, kv in (overrides.get("params") or {}).items():
         params.setdefault(bench, {}).update(kv)
-
-    kw = {"name": name, "params": params}
-    if "description" in merged:
-        kw["description"] = str(merged["description"])
-    if "benchmarks" in merged:
-        b = merged["benchmarks"]
-        b = [b] if isinstance(b, str) else b
-        if not isinstance(b, list) or not all(isinstance(x, str) for x in b):
-            raise UsageError(f"suite key 'benchmarks' must be a list of names, got {merged['benchmarks']!r}")
-        kw["benchmarks"] = tuple(b)
-    if "sizes" in merged:
-        s = merged["sizes"]
-        if isinstance(s, dict):
-            extra = set(s) - {"min", "max", "factor"}
-            if extra or not {"min", "max"} <= set(s):
-                raise UsageError(f"suite key 'sizes' table needs min and max (and optional factor), got {sorted(s)}")
-            kw["sizes"] = dict(s)
-        elif isinstance(s, (list, tuple)) and not isinstance(s, str):
-            if not s:
-                raise UsageError("suite key 'sizes' is an empty list: nothing to sweep")
-            kw["sizes"] = list(s)
-        else:
-            raise UsageError(f"suite key 'sizes' must be a {{min, max, factor}} table or a list, got {s!r}")
-    if "dtypes" in merged:
-        d = merged["dtypes"]
-        d = [d] if isinstance(d, str) else d
-        if not isinstance(d, list) or not d:
-            raise UsageError(f"suite key 'dtypes' must be a non-empty list, got {merged['dtypes']!r}")
-        kw["dtypes"] = tuple(check_dtype(x) for x in d)
-    if "worlds" in merged:
-        w = merged["worlds"]
-        w = [w] if isinstance(w, int) and not isinstance(w, bool) else w
-        if not isinstance(w, list) or not w or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in w):
-            raise UsageError(f"suite key 'worlds' must be a non-empty list of positive integers, got {merged['worlds']!r}")
-        kw["worlds"] = tuple(sorted(set(w)))
-    for key, lo in (("max_world", 1), ("iters", 0), ("warmup", 0), ("min_iters", 1), ("max_iters", 1)):
-        if key in merged:
-            v = _type(key, merged[key], int, "an integer")
-            if v < lo:
-                raise UsageError(f"suite key {key!r} must be >= {lo}, got {v}")
-            kw[key] = v
-    if "timeout_s" in merged:
-        v = _type("timeout_s", merged["timeout_s"], (int, float), "a number of seconds")
-        if v <= 0:
-            raise UsageError(f"suite key 'timeout_s' must be positive, got {v}")
-        kw["timeout_s"] = float(v)
-    if "min_time_ms" in merged:
-        v = _type("min_time_ms", merged["min_time_ms"], (int, float), "a number")
-        if v <= 0:
-            raise UsageError(f"suite key 'min_time_ms' must be positive, got {v}")
-        kw["min_time_ms"] = float(v)
-    if "check" in merged:
-        kw["check"] = _type("check", merged["check"], bool, "true or false")
-    if "timing" in merged:
-        kw["timing"] = _type("timing", merged["timing"], str, "back_to_back or barrier")
-        if kw["timing"] not in TIMING_METHODS:
-            raise UsageError(f"suite key 'timing' must be one of {', '.join(TIMING_METHODS)}, got {kw['timing']!r}")
-    if "cuda_graph" in merged:
-        kw["cuda_graph"] = _type("cuda_graph", merged["cuda_graph"], bool, "true or false")
-    if "backend" in merged:
-        kw["backend"] = _type("backend", merged["backend"], str, "a backend name")
-    if "profile" in merged:
-        kw["profile"] = _type("profile", merged["profile"], str, "a profile name or path")
-    if "variant" in merged:
-        from .variants import parse_suite_variants
-
-        kw["variant_defs"] = {n: v.__dict__ for n, v in parse_suite_variants(merged["variant"], f"suite {name}").items()}
-    if "variants" in merged:
-        vs = merged["variants"]
-        vs = [vs] if isinstance(vs, str) else vs
-        if not isinstance(vs, (list, tuple)) or not vs:
-            raise UsageError(f"suite key 'variants' must be a non-empty list of names, got {merged['variants']!r}")
-        kw["variants"] = tuple(vs)
-    if "baseline" in merged:
-        kw["baseline"] = _type("baseline", merged["baseline"], str, "a variant name")
     cfg = SuiteConfig(**kw)
-    from .variants import pick_baseline
+    from .variants import check_baseline
 
     resolve_variants(cfg)
-    if cfg.baseline:
-        pick_baseline(list(cfg.variants), cfg.baseline)
+    check_baseline(cfg)
     if not cfg.benchmarks:
         raise UsageError(f"suite {name}: no benchmarks to run (set 'benchmarks' or pass -b)")
     if cfg.min_iters > cfg.max_iters:
@@ -214,13 +247,58 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
     return cfg
 
 
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_params(items: list[str], benchmarks: tuple) -> dict:
+    """--param tokens=128,4096 (every benchmark that has it) or --param moe.tokens=128."""
+    from .benchmarks import get
+
+    out: dict[str, dict] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--param {item!r}: use [BENCH.]KEY=VALUE")
+        key, val = item.split("=", 1)
+        values = [_value(v.strip()) for v in val.split(",") if v.strip()]
+        if not values:
+            raise UsageError(f"--param {item!r}: no value")
+        value = values if len(values) > 1 else values[0]
+        if "." in key:
+            bench, key = key.split(".", 1)
+            targets = [bench]
+        else:
+            targets = [b for b in benchmarks if key in get(b).params]
+            if not targets:
+                raise UsageError(f"--param {key}: no benchmark of this run has that parameter")
+        for b in targets:
+            out.setdefault(b, {})[key] = value
+    return out
+
+
+def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
+    """What the chosen backend and device cannot run, refused before any rank starts."""
+    from .benchmarks import get
+
+    if backend == "nccl" or device == "cuda":
+        gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
+        if gpu_less:
+            raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
+    if cfg.cuda_graph and backend != "nccl":
+        raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
+                         "cannot capture them")
+
+
 def resolve_variants(cfg: SuiteConfig):
     """The suite's Variant objects (validated: known, unique, non-empty names)."""
-    from .variants import Variant, resolve
+    from .variants import of_config
 
-    defs = {n: (v if isinstance(v, Variant) else Variant(**{**v, "requires": tuple(v.get("requires", ()))}))
-            for n, v in (cfg.variant_defs or {}).items()}
-    return resolve(cfg.variants, defs)
+    return of_config(cfg)
 
 
 def resolve_sizes(cfg: SuiteConfig) -> list[int]:
@@ -319,109 +397,3 @@ def _sizes_for(bench, world, dtype, params, sizes, cfg, notes) -> list[int]:
             s -= s % unit
         out.append(s)
     return sorted(set(out))
-
-
-
-# --- the plan: memory and a rough time per point, before anything runs ----------------
-
-# A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
-# fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
-PLAN_GBPS = 5.0
-PLAN_ALPHA_S = 2e-6
-PLAN_SETUP_S = 0.01
-
-
-def _mem_available_nbytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _local_ranks(world: int) -> int:
-    import os
-
-    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        v = os.environ.get(k, "")
-        if v.isdigit():
-            return int(v)
-    return world if not any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
-                                                         "RANK")) else 1
-
-
-def fmt_mem(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
-
-
-INT_MAX = 2**31 - 1
-
-
-@functools.lru_cache(maxsize=1)
-def mpi_large_count() -> bool:
-    """Does the MPI library speak MPI-4 (large-count calls, which mpi4py then uses)? Asked
-    in a child process: importing mpi4py here would initialise MPI in the launcher."""
-    import subprocess
-    import sys
-
-    code = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_version()[0])"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
-        return int(out.strip() or 0) >= 4
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return False
-
-
-def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: bool = False) -> list[dict]:
-    """Per point: buffer bytes per rank (the benchmark's own estimate) and a rough time.
-    Refuses, before any rank starts, a sweep whose largest point does not fit this host's
-    available memory with every local rank holding its buffers, and (check_counts: the
-    mpi backend) a call whose count overflows a C int."""
-    from .benchmarks import get
-
-    out = []
-    for p in points:
-        bench = get(p.benchmark)
-        if check_counts and bench.max_count(p) > INT_MAX and not mpi_large_count():
-            raise UsageError(
-                f"{p.benchmark} {fmt_size(p.nbytes)} {p.dtype} at world {p.world} passes {bench.max_count(p)} "
-                f"elements in one call, over the 2^31-1 an MPI count holds without MPI-4 large-count calls, "
-                f"which this MPI library lacks: use a wider dtype or a smaller size")
-        mem = int(bench.memory_nbytes(p))
-        op_s = PLAN_ALPHA_S + bench.plan_nbytes(p) / (PLAN_GBPS * 1e9)
-        if cfg.iters:
-            t = (cfg.iters + cfg.warmup) * op_s
-        else:
-            t = cfg.warmup * op_s + min(max(cfg.min_time_ms / 1e3, cfg.min_iters * op_s), cfg.max_iters * op_s)
-        out.append({"point": p, "mem_nbytes": mem, "est_s": t * bench.stages + PLAN_SETUP_S})
-    if device == "cpu" and out:
-        avail = _mem_available_nbytes()
-        big = max(out, key=lambda r: r["mem_nbytes"])
-        local = min(_local_ranks(world), world)
-        if avail is not None and big["mem_nbytes"] * local > avail:
-            p = big["point"]
-            raise UsageError(
-                f"{p.benchmark} {fmt_size(p.nbytes)} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} "
-                f"per rank, {fmt_mem(big['mem_nbytes'] * local)} for {local} ranks on this host, which has "
-                f"{fmt_mem(avail)} available: lower the sizes or the ranks per host")
-    return out
-
-
-def print_plan(cfg: SuiteConfig, plan_rows: list[dict], world: int, backend: str) -> None:
-    """--dry-run: the points, memory per rank and a rough time, without communicating."""
-    print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
-    print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")
-    for r in plan_rows:
-        p = r["point"]
-        params = " ".join(f"{k}={v}" for k, v in p.params.items())
-        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes):>8s} {p.dtype:9s} "
-              f"{fmt_mem(r['mem_nbytes']):>10s} {r['est_s']:7.2f}s  {params}")
-    total = sum(r["est_s"] for r in plan_rows)
-    peak = max((r["mem_nbytes"] for r in plan_rows), default=0)
-    print(f"total: about {total:.0f} s (rough: {PLAN_GBPS:g} GB/s and {PLAN_ALPHA_S * 1e6:g} us an operation, "
-          f"plus set-up), peak buffers {fmt_mem(peak)} per rank")

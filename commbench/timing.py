@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import numpy as np
@@ -62,6 +63,48 @@ def time_with_events(op: Op, iters: int, event_factory: Callable[[], object], sy
     return np.array([elapsed(s, e) for s, e in zip(starts, ends)], dtype=np.float64) * 1e-3
 
 
+def time_steps_with_events(step: Callable[[Callable[[], None]], None], iters: int, nlaps: int,
+                           event_factory: Callable[[], object], synchronize: Callable[[], None],
+                           between: Callable[[], None] | None = None,
+                           elapsed: Callable[[object, object], float] | None = None,
+                           hold: Callable[[float], "Hold"] | None = None,
+                           meet: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Comm.time_steps on the device's stream: an event before each step, one at each of its
+    nlaps lap() calls and one after it; the host waits once, after the loop. Returns
+    per-iteration seconds and each stage's seconds (iters, nlaps). hold: each step enqueued
+    behind a hold (timing.time_held's discipline), released after meet()."""
+    iters = int(iters)
+    elapsed = elapsed or _default_elapsed
+    events = [[event_factory() for _ in range(nlaps + 2)] for _ in range(iters)]
+    import time as _time
+
+    last_host_s = 0.0  # the host's time for the step before: how long a fixed-length hold must spin
+    for row in events:
+        h = hold(last_host_s) if hold is not None else None
+        t0 = _time.perf_counter()
+        j = [1]
+
+        def lap(row=row, j=j):
+            row[j[0]].record()
+            j[0] += 1
+        row[0].record()
+        step(lap)
+        row[-1].record()
+        if j[0] != nlaps + 1:
+            raise RuntimeError(f"a timed step called lap() {j[0] - 1} times, expected {nlaps}")
+        last_host_s = _time.perf_counter() - t0
+        if h is not None:
+            if meet is not None:
+                meet()
+            h.release()
+        if between is not None:
+            between()
+    synchronize()
+    seg = np.array([[elapsed(row[k], row[k + 1]) for k in range(nlaps + 1)] for row in events],
+                   dtype=np.float64).reshape(iters, nlaps + 1) * 1e-3
+    return seg.sum(axis=1), seg[:, :nlaps]
+
+
 def choose_ops_per_replay(op_s: float, target_s: float = GRAPH_REPLAY_TARGET_S,
                           cap: int = GRAPH_MAX_OPS_PER_REPLAY) -> int:
     """Operations to capture in one graph so that a replay lasts about `target_s`, from an
@@ -77,7 +120,8 @@ def time_with_graph(op: Op, iters: int, ops_per_replay: int | None, capture: Cal
                     synchronize: Callable[[], None], *, between: Callable[[], None] | None = None,
                     elapsed: Callable[[object, object], float] | None = None, warmup_iters: int = 3,
                     side_stream: Callable[[], ContextManager] | None = None,
-                    info: dict | None = None) -> np.ndarray:
+                    info: dict | None = None,
+                    time_replays: Callable[[Op, int], np.ndarray] | None = None) -> np.ndarray:
     """nccl-tests' small-message technique: `ops_per_replay` calls of `op` captured in ONE
     CUDA graph, then `iters` replays, each bracketed by events on the current stream.
 
@@ -92,7 +136,8 @@ def time_with_graph(op: Op, iters: int, ops_per_replay: int | None, capture: Cal
     `op` ops_per_replay times and capture returns a graph; one untimed replay (the first
     one uploads the graph); the timed replays, `between()` after each outside its events;
     one synchronize at the end. `info`, if given, receives ops_per_replay and the warm-up's
-    per-operation estimate (seconds)."""
+    per-operation estimate (seconds). time_replays(replay, iters) -> seconds per replay, if
+    given, times the replays instead (held replays: timing.time_held)."""
     iters = int(iters)
     if iters <= 0:
         return np.empty(0, dtype=np.float64)
@@ -118,6 +163,131 @@ def time_with_graph(op: Op, iters: int, ops_per_replay: int | None, capture: Cal
 
     graph = capture(body)
     replay(graph)  # untimed: the first launch uploads the graph
+    if time_replays is not None:
+        return time_replays(lambda: replay(graph), iters) / n
     times = time_with_events(lambda: replay(graph), iters, event_factory, synchronize,
                              between=between, elapsed=elapsed)
     return times / n
+
+
+# --- held batches: device time only ---------------------------------------------------
+#
+# An event recorded on an idle stream is stamped at once, while the operation after it
+# reaches the GPU only when the host has spent its launch cost (20-30 us a call through
+# torch.distributed): a pair around each eager operation brackets host time. Holding the
+# stream with a spinning kernel until the host has enqueued a whole batch (NVIDIA's nvbench
+# calls it a blocking kernel) makes the pair bracket device work only; with several ranks
+# each rank holds, the ranks meet on the host, then all release, so the batch starts
+# together on every rank and the time holds the collective's own synchronisation, not the
+# host's enqueue skew.
+
+# A batch lasts at least this long on the device, so one event pair (1-2 us at the
+# smallest sizes) is about 1 % of it; at most this many operations, so the host enqueues
+# a batch in a few ms (25 us a torch.distributed call: 5 ms for 200).
+BATCH_TARGET_S = 2e-4
+BATCH_MAX_OPS = 200
+
+
+def choose_ops_per_batch(op_s: float, target_s: float = BATCH_TARGET_S, cap: int = BATCH_MAX_OPS) -> int:
+    """Operations in one held batch, from an estimate of one operation's device time."""
+    return choose_ops_per_replay(op_s, target_s, cap)
+
+
+class Hold:
+    """A spinning kernel enqueued on the current stream. release() lets it end; covered()
+    (after the device is synchronized) says whether it was still holding when released --
+    a batch whose hold ended early had its first operations start while the host was still
+    enqueueing, so its time may hold host cost, and the row says so."""
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def covered(self) -> bool:
+        raise NotImplementedError
+
+
+class NoHold(Hold):
+    """Where a stream cannot be held (a step that waits for the device on the host)."""
+
+    def __init__(self, expected_s: float = 0.0):
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def covered(self) -> bool:
+        return False
+
+
+@dataclass
+class HeldTimes:
+    """What time_held measured."""
+
+    samples_s: np.ndarray        # per-operation seconds: a batch's mean, or each op's (per_op)
+    host_s_per_op: np.ndarray    # host time to enqueue one operation, each batch
+    held: np.ndarray             # per sample: the hold covered its batch
+    ops_per_batch: int
+    per_op: bool
+
+    def info(self) -> dict:
+        """Row fields: how samples were taken and what the host paid."""
+        unheld = int((~self.held).sum())
+        return {"ops_per_sample": 1 if self.per_op else self.ops_per_batch,
+                "sample": (f"one operation (an event pair each) in held batches of {self.ops_per_batch}"
+                           if self.per_op else f"mean of {self.ops_per_batch} operations between one event pair, "
+                                               f"stream held while enqueued; percentiles over batches"),
+                "host_us_per_op": float(np.median(self.host_s_per_op)) * 1e6 if self.host_s_per_op.size else None,
+                "held": unheld == 0, "unheld_samples": unheld}
+
+
+def time_held(op: Op, batches: int, ops_per_batch: int, hold: Callable[[float], Hold],
+              event_factory: Callable[[], object], synchronize: Callable[[], None], *,
+              meet: Callable[[], None] | None = None, elapsed: Callable[[object, object], float] | None = None,
+              per_op: bool = False, clock: Callable[[], float] | None = None) -> HeldTimes:
+    """`batches` batches of `ops_per_batch` calls of `op`. Per batch: hold(expected_s) (the
+    host's enqueue time of the batch before, for a hold of fixed length), a start event,
+    the calls (the host's enqueue time around them, by `clock`), an end event, meet() (the
+    ranks' host-side barrier), release. per_op: an event pair around each call instead of
+    one around the batch (for tail studies; each pair costs 1-2 us of device time at the
+    smallest sizes, which is then in every sample). One synchronize at the end."""
+    import time as _time
+
+    clock = clock or _time.perf_counter
+    elapsed = elapsed or _default_elapsed
+    n, batches = int(ops_per_batch), int(batches)
+    if n < 1:
+        raise ValueError(f"ops_per_batch must be >= 1, got {ops_per_batch}")
+    pairs: list = []
+    holds: list = []
+    host = np.empty(batches, dtype=np.float64)
+    for b in range(batches):
+        h = hold(host[b - 1] * n if b else 0.0)
+        if per_op:
+            evs = [(event_factory(), event_factory()) for _ in range(n)]
+            t0 = clock()
+            for s, e in evs:
+                s.record()
+                op()
+                e.record()
+            t1 = clock()
+            pairs.extend(evs)
+        else:
+            s, e = event_factory(), event_factory()
+            s.record()
+            t0 = clock()
+            for _ in range(n):
+                op()
+            t1 = clock()
+            e.record()
+            pairs.append((s, e))
+        host[b] = (t1 - t0) / n
+        if meet is not None:
+            meet()
+        h.release()
+        holds.append(h)
+    synchronize()
+    covered = np.array([h.covered() for h in holds], dtype=bool)
+    times = np.array([elapsed(s, e) for s, e in pairs], dtype=np.float64) * 1e-3
+    if per_op:
+        return HeldTimes(times, host, np.repeat(covered, n), n, True)
+    return HeldTimes(times / n, host, covered, n, False)

@@ -9,6 +9,10 @@ from .errors import UsageError
 DTYPE_NBYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "float64": 8, "uint8": 1}
 SWEEP_DTYPES = ("float32", "bfloat16", "float16", "int32")
 
+# The largest count a C int holds: an MPI call takes no more elements without MPI-4
+# large-count calls.
+INT_MAX = 2**31 - 1
+
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 

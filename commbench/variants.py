@@ -159,6 +159,79 @@ def unavailable(v: Variant, backend: str, device: str, mpi_flavor: str = "", cap
     return None
 
 
+# --- planning: which variants a run launches, which it skips and why, and its baseline ----
+
+@dataclass(frozen=True)
+class VariantPlan:
+    entries: tuple          # (Variant, why it cannot run here, or None), in the suite's order
+    baseline: str | None    # what speedups are measured against on this backend
+    note: str = ""          # why the suite's baseline was not used, when it was not
+
+    @property
+    def runnable(self) -> list[Variant]:
+        return [v for v, why in self.entries if why is None]
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return {v.name: why for v, why in self.entries if why is not None}
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v, _ in self.entries]
+
+
+def _suite_defs(cfg) -> dict[str, Variant]:
+    """The suite's [variant.NAME] tables (kept as plain tables in the config) as Variants."""
+    return {n: (v if isinstance(v, Variant) else Variant(**{**v, "requires": tuple(v.get("requires", ()))}))
+            for n, v in (cfg.variant_defs or {}).items()}
+
+
+def of_config(cfg) -> list[Variant]:
+    """The suite's variants (cfg.variants, with its [variant.NAME] tables), validated."""
+    return resolve(cfg.variants, _suite_defs(cfg))
+
+
+def lookup(cfg, name: str) -> Variant:
+    """One variant by name: the suite's own, else a built-in one (a launch may run a built-in
+    variant the suite does not list)."""
+    return resolve([name], _suite_defs(cfg))[0]
+
+
+def configured_baseline(cfg, backend: str) -> str | None:
+    """The suite's baseline for this backend: one name for every backend, or a table
+    backend = name (a backend it does not name gets the default choice)."""
+    b = cfg.baseline
+    return b.get(backend) if isinstance(b, dict) else b
+
+
+def check_baseline(cfg) -> None:
+    """Every baseline the suite names is one of its variants."""
+    given = cfg.baseline.values() if isinstance(cfg.baseline, dict) else [cfg.baseline] if cfg.baseline else []
+    for name in given:
+        pick_baseline(list(cfg.variants), name)
+
+
+def plan(cfg, backend: str, device: str, requested: str | None = None, mpi_flavor: str = "",
+         caps: dict | None = None) -> VariantPlan:
+    """The variants a run launches on this backend and device: the suite's (or the one
+    requested with --variant), each with the reason it cannot run here or None, and the
+    baseline. Pure: the MPI flavour and the GPU capabilities (nvls, collnet, symm_mem) are
+    given by the caller. A suite baseline that cannot run here gives way to the default
+    choice among those that can, and the note says so."""
+    variants = [lookup(cfg, requested)] if requested is not None else of_config(cfg)
+    entries = tuple((v, unavailable(v, backend, device, mpi_flavor, caps)) for v in variants)
+    given = configured_baseline(cfg, backend)
+    if requested is not None:  # one launch of several: the report from disk compares them
+        return VariantPlan(entries, given)
+    runs = [v.name for v, why in entries if why is None]
+    why_not = dict((v.name, why) for v, why in entries).get(given)
+    if given and why_not is None:
+        return VariantPlan(entries, given)
+    base = pick_baseline(runs) if runs else None
+    note = f"baseline {given} cannot run here ({why_not}): comparing with {base}" if given and base else ""
+    return VariantPlan(entries, base, note)
+
+
 # --- what the library says it used ---------------------------------------------------
 
 def ompi_selected_component(verbose_log: str, collective_comm: str = "MPI_COMM_WORLD") -> str | None:

@@ -412,3 +412,38 @@ def test_table_rows_are_strings():
     gb300 = next(r for r in rows if r["profile"] == "gb300-nvl72")
     assert (gb300["NIC Gb/s/dir"], gb300["NIC GB/s/dir"], gb300["line GB/s/dir"], gb300["bidir GB/s"]) == \
         ("800", "100", "900", "1800")
+
+
+def test_a_benchmark_unknown_to_the_registry_is_judged_ring_like():
+    # An imported gather: S x its busbw_factor, as an all_reduce row with the same factor.
+    mine, ring = coll("gather", world=16, factor=15 / 16), coll(world=16, factor=15 / 16)
+    nodes = [0] * 8 + [1] * 8
+    assert C.ceiling_for_row(H100, mine, nodes) == C.ceiling_for_row(H100, ring, nodes)
+
+
+def test_a_plugin_judges_its_own_rows_through_the_ceiling_hooks(monkeypatch):
+    from commbench.benchmarks import Benchmark, base
+
+    class Halves(Benchmark):  # half of S on each tier, whatever the layout; busbw no link's rate
+        name = "halves_test"
+        inswitch_applies = False
+
+        def tier_nbytes(self, row, world, domains, inswitch):
+            return row["nbytes"] / 2, row["nbytes"] / 2
+
+        def busbw_is_link_rate(self, scaleup_nbytes, scaleout_nbytes):
+            return False
+
+        def tier_note(self, nodes, domains):
+            return "halves"
+
+    monkeypatch.setitem(base._REGISTRY, "halves_test", Halves())
+    c = C.ceiling_for_row(H100, coll("halves_test", world=16, time_us=20000.0, variant="nvls"), [0] * 8 + [1] * 8)
+    assert (c["tier"], c["compared_as"], c["ceiling_note"]) == ("scaleup+scaleout", "per-tier bytes", "halves")
+    assert c["time_bound_us"] == pytest.approx(GIB / 2 / 50e3)
+
+
+def test_inswitch_flag_from_a_dataframe_row():
+    assert not C.is_inswitch({"inswitch": float("nan"), "variant": "default"})
+    assert C.is_inswitch({"inswitch": float("nan"), "variant": "nccl-nvls"})
+    assert C.is_inswitch({"inswitch": True, "variant": "symm-mem"})

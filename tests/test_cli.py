@@ -48,7 +48,8 @@ def run_cli_py(code):
 
 BAD = [
     (["run", "nosuch"], "unknown suite"),
-    (["run", "quick", "--backend", "foo"], "unknown backend"),
+    (["run", "quick", "--backend", "foo"], "invalid choice: 'foo'"),
+    (["run", "quick", "--timing", "sideways"], "invalid choice: 'sideways'"),
     (["run", "quick", "-b", "nope"], "unknown benchmark"),
     (["run", "quick", "--dtypes", "float8"], "unknown dtype"),
     (["run", "quick", "--sizes", "0"], "must be positive"),

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from commbench.compare import compare_paths, compare_runs, exit_status, point_ci, print_compare, regressions
-from commbench.results import RunWriter
+from commbench.results import RunDir, Status
 
 SIZES = [1024, 65536, 1 << 20]
 
@@ -135,10 +135,10 @@ def test_print_compare_renders():
 
 
 def _write(tmp_path, name, df):
-    w = RunWriter(tmp_path / name, {"schema": 2, "status": "running"})
+    w = RunDir(tmp_path / name).open({"schema": 2, "status": "running"})
     for r in df.drop(columns="run").to_dict("records"):
         w.append(r)
-    w.finish("complete")
+    w.finish(Status.COMPLETE)
     return tmp_path / name
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from commbench.backends.base import Comm, Handle
 from commbench.benchmarks.base import Point
-from commbench.benchmarks.overlap import (Compute, Gemm, Overlap, OverlapCore, calibrate_gemm, gemm_flops,
-                                          make_schedule, overlap_fields, overlap_imb_pct, overlap_osu_pct,
-                                          overlap_table)
+from commbench.compute import Compute, Gemm, calibrate_gemm, gemm_flops
+from commbench.benchmarks.overlap import (Overlap, OverlapCore,
+                                          make_schedule, overlap_fields, overlap_imb_pct, overlap_osu_pct)
 from commbench.runner import Harness
 from commbench.suite import SuiteConfig, build_config, expand, read_suite
 from conftest import needs_mpi, needs_torch, run_cli
@@ -345,7 +345,7 @@ def test_table_renders():
     row, _ = measure_fake(FakeComm("async"), iters=2)
     row.update(world=1, nbytes=4096, backend="fake", device="cpu", check="ok")
     console = Console(file=io.StringIO(), width=250)
-    console.print(overlap_table([row], plain=True))
+    console.print(*Overlap().tables([row], plain=True))
     text = console.file.getvalue()
     for col in ("t_comm", "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)", "GFLOP/s alone", "check"):
         assert col in text

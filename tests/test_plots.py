@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from commbench.importers import import_file, write_imported_run
-from commbench.results import RunWriter, load
+from commbench.results import RunDir, Status, load
 
 from conftest import run_cli
 
@@ -165,11 +165,11 @@ def test_overlap_figure_from_osu_and_native_rows(tmp_path):
 
 
 def test_report_of_a_run_without_matplotlib_figures_still_has_tables(tmp_path, monkeypatch):
-    w = RunWriter(tmp_path / "run", {"schema": 2, "status": "running", "hosts": ["h"] * 8})
+    w = RunDir(tmp_path / "run").open({"schema": 2, "status": "running", "hosts": ["h"] * 8})
     for r in [_base_row(nbytes=n, run=None) for n in (1024, 65536)]:
         r.pop("run")
         w.append(r)
-    w.finish("complete")
+    w.finish(Status.COMPLETE)
     monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
     res = write_report([tmp_path / "run"], tmp_path / "rep")
     assert res["figures"] == {} and res["notes"]

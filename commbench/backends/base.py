@@ -111,7 +111,6 @@ class Comm:
 
     # --- non-blocking -----------------------------------------------------------
     def iall_reduce(self, send, recv) -> Handle: raise NotImplementedError
-    def iall_to_all(self, send, recv, send_counts=None, recv_counts=None) -> Handle: raise NotImplementedError
 
     # --- control ----------------------------------------------------------------
     def barrier(self) -> None:
@@ -134,7 +133,7 @@ class Comm:
     def allgather_obj(self, obj) -> list:
         raise NotImplementedError
 
-    def time_ops(self, op: Op, iters: int, barrier_each: bool = False) -> np.ndarray:
+    def time_ops(self, op: Op, iters: int, barrier_each: bool = False, per_op_events: bool = False) -> np.ndarray:
         """Per-iteration seconds, host clock: operations back to back (nccl-tests), or with
         a barrier after each, outside the timed window (OSU's collective tests).
 
@@ -163,3 +162,28 @@ class Comm:
             op()
             times[i] = clock() - t0
         return times
+
+    def time_steps(self, step: Callable[[Callable[[], None]], None], iters: int, nlaps: int,
+                   barrier_each: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The multi-stage form of time_ops: step(lap) runs one iteration and calls lap()
+        after each of its first nlaps stages (moe: layout, counts, pack, a2a; overlap: the
+        buckets started, the compute). Returns per-iteration seconds (iters,) and each
+        stage's seconds (iters, nlaps), from one clock read per lap. The host clock here; a
+        device backend brackets the same laps with events on its stream."""
+        marks = np.empty((iters, nlaps + 2), dtype=np.float64)
+        clock = time.perf_counter
+        barrier = self.barrier_op() if barrier_each else None
+        for i in range(iters):
+            row, j = marks[i], [1]
+
+            def lap(row=row, j=j):
+                row[j[0]] = clock()
+                j[0] += 1
+            row[0] = clock()
+            step(lap)
+            row[-1] = clock()
+            if j[0] != nlaps + 1:
+                raise RuntimeError(f"a timed step called lap() {j[0] - 1} times, expected {nlaps}")
+            if barrier is not None:
+                barrier()
+        return marks[:, -1] - marks[:, 0], np.diff(marks[:, :-1], axis=1)

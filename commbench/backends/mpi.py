@@ -188,14 +188,6 @@ class MpiComm(Comm):
         cls = RowsExchange if self.xp is not None else MpiRowsExchange
         return cls(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
-    def iall_to_all(self, send, recv, send_counts=None, recv_counts=None):
-        if send_counts is None and recv_counts is None:
-            chunk = send.size // self.size
-            req = self.c.Ialltoall(self._spec(send, chunk), self._spec(recv, chunk))
-        else:
-            req = self.c.Ialltoallv(self._vspec(send, send_counts), self._vspec(recv, recv_counts))
-        return Handle(req.Wait, req.Test)
-
     # --- control ----------------------------------------------------------------
     def sync(self):
         if self.xp is not None:
@@ -216,18 +208,15 @@ class MpiComm(Comm):
     def allgather_obj(self, obj):
         return self.c.allgather(obj)
 
-    def time_ops(self, op, iters, barrier_each=False, cuda_graph=False):
+    def time_ops(self, op, iters, barrier_each=False, per_op_events=False):
         """CPU: the host clock (Comm.time_ops). cupy buffers: cupy CUDA events recorded on
         the current stream around each call (commbench.timing.time_with_events). The MPI
         call blocks the host, and a CUDA-aware MPI moves device data on its own streams
         before returning; the end event is enqueued only after the call (and the stream
         synchronize each prepared op ends with) returns. So a sample spans, on the GPU's
         clock, the whole blocking call plus the current-stream work it orders -- the
-        call's wall time, launch and host overhead included, not a device-only time.
-        A CUDA graph cannot capture an MPI call: cuda_graph is refused."""
-        if cuda_graph:
-            raise UsageError("--cuda-graph needs the nccl backend: an MPI call runs on the host, where a CUDA "
-                             "graph cannot capture it")
+        call's wall time, launch and host overhead included, not a device-only time: a
+        blocking MPI call cannot be enqueued behind a stream hold (timing.time_held)."""
         if self.xp is None:
             return super().time_ops(op, iters, barrier_each)
         from ..timing import time_with_events
@@ -235,6 +224,18 @@ class MpiComm(Comm):
         cuda = self.xp.cuda
         return time_with_events(op, iters, cuda.Event, cuda.get_current_stream().synchronize,
                                 between=self.c.Barrier if barrier_each else None, elapsed=cuda.get_elapsed_time)
+
+    def time_steps(self, step, iters, nlaps, barrier_each=False):
+        """cupy buffers: the laps as cupy events on the current stream (time_ops' caveat:
+        the blocking MPI calls' host time is inside them)."""
+        if self.xp is None:
+            return super().time_steps(step, iters, nlaps, barrier_each)
+        from ..timing import time_steps_with_events
+
+        cuda = self.xp.cuda
+        return time_steps_with_events(step, iters, nlaps, cuda.Event, cuda.get_current_stream().synchronize,
+                                      between=self.c.Barrier if barrier_each else None,
+                                      elapsed=cuda.get_elapsed_time)
 
 
 class MpiBackend:

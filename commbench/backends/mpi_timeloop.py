@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..units import INT_MAX
+
 SOURCE = r"""
 #include <mpi.h>
 #include <time.h>
@@ -82,7 +84,6 @@ int cb_time_ops(int kind, void *send, void *recv, int scount, int rcount, MPI_Fi
 """
 
 KINDS = {"allreduce": 0, "reduce_scatter_block": 1, "allgather": 2, "alltoall": 3, "bcast": 4, "sendrecv": 5}
-_INT_MAX = 2**31 - 1
 
 _lib = None
 _status = "not tried"
@@ -207,7 +208,7 @@ def attach(op, MPI, comm, kind: str, send, recv, scount: int, rcount: int, mpi_o
     that Comm.time_ops runs instead of its Python loop; the op is returned either way.
     send/recv: the contiguous numpy arrays the op reads and writes (the loop holds them)."""
     lib = _lib if _lib is not None else load(MPI)
-    if lib is None or scount > _INT_MAX or rcount > _INT_MAX:
+    if lib is None or scount > INT_MAX or rcount > INT_MAX:
         return op
     op.compiled_loop = _Loop(lib.cb_time_ops, MPI, (comm, kind, send, recv, scount, rcount, mpi_op, arg))
     return op

@@ -9,12 +9,12 @@ from datetime import timedelta
 import numpy as np
 
 from ..errors import UsageError
-from ..timing import time_with_events, time_with_graph
+from ..timing import choose_ops_per_batch, time_held, time_with_graph
 from .base import Comm, Handle
 
 
 class TorchComm(Comm):
-    def __init__(self, group, rank, size, backend: str, device: str):
+    def __init__(self, group, rank, size, backend: str, device: str, host_group=None):
         import torch
         import torch.distributed as dist
 
@@ -34,6 +34,12 @@ class TorchComm(Comm):
         self.graph_ops_per_replay: int | None = None
         self.last_ops_per_replay: int | None = None
         self._warm_stream = None
+        # Held-batch timing (CUDA): the hold factory, made on first use; the ops per batch of
+        # the op last sized; the gloo group the ranks meet on before a release.
+        self._hold_factory, self._hold_method = None, None
+        self._batch_for, self._batch_ops = None, 1
+        self.host_group = host_group
+        self.last_timing: dict = {}
         self._dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                         "int32": torch.int32, "float64": torch.float64, "uint8": torch.uint8}
         # all_gather_single replaces all_gather_into_tensor in newer torch.
@@ -103,13 +109,6 @@ class TorchComm(Comm):
         work = self.dist.all_reduce(recv, group=self.group, async_op=True)
         return Handle(work.wait, work.is_completed)
 
-    def iall_to_all(self, send, recv, send_counts=None, recv_counts=None):
-        work = self.dist.all_to_all_single(recv, send,
-                                           None if recv_counts is None else [int(c) for c in recv_counts],
-                                           None if send_counts is None else [int(c) for c in send_counts],
-                                           group=self.group, async_op=True)
-        return Handle(work.wait, work.is_completed)
-
     # --- control ----------------------------------------------------------------
     def sync(self):
         if self.device == "cuda":
@@ -125,28 +124,82 @@ class TorchComm(Comm):
         self.dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def time_ops(self, op, iters, barrier_each=False, cuda_graph=False):
-        """CPU: the host clock (Comm.time_ops). CUDA: events around each operation on the
-        current stream (host clocks would time the launch, not the collective); with
-        cuda_graph, operations captured in one CUDA graph and replays timed with events
-        (commbench.timing.time_with_graph: each sample is a per-operation mean over a
-        replay). The barrier of barrier_each runs between samples, outside the events.
-        self.last_ops_per_replay is the graph's operation count (None without a graph)."""
-        if self.device != "cuda":
-            if cuda_graph:
-                raise UsageError("--cuda-graph needs CUDA buffers")
+    def time_ops(self, op, iters, barrier_each=False, cuda_graph=False, per_op_events=False):
+        """CPU: the host clock (Comm.time_ops). CUDA: device time only (timing.time_held):
+        the stream is held while the host enqueues a batch, the ranks meet on the host, then
+        release; a sample is the batch's mean per operation (per_op_events: one event pair
+        per operation instead). barrier_each (OSU's method): batches of one operation, so
+        every operation starts together on every rank. cuda_graph: operations captured in
+        one CUDA graph, each held replay one sample, divided by the operations it holds.
+        self.last_timing: the row fields that say how the samples were taken."""
+        if self.device != "cuda":  # suite.check_backend refuses cuda_graph off CUDA
             return super().time_ops(op, iters, barrier_each)
         torch = self.torch
-        between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
+        holds = self._holds()
         if not cuda_graph:
             self.last_ops_per_replay = None
-            return time_with_events(op, iters, self._event, torch.cuda.synchronize, between=between)
+            n = 1 if barrier_each or per_op_events else self._ops_per_batch(op)
+            r = time_held(op, iters, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
+                          per_op=per_op_events)
+            self.last_timing = {**r.info(), "hold_method": self._hold_method}
+            return r.samples_s
         info: dict = {}
+        held: list = []
+
+        def time_replays(replay, n):
+            res = time_held(replay, n, 1, holds, self._event, torch.cuda.synchronize, meet=self._meet)
+            held.append(res)
+            return res.samples_s
         times = time_with_graph(op, iters, self.graph_ops_per_replay, self._capture, self._replay, self._event,
-                                torch.cuda.synchronize, between=between, side_stream=self._side_stream, info=info)
+                                torch.cuda.synchronize, side_stream=self._side_stream, info=info,
+                                time_replays=time_replays)
         if "ops_per_replay" in info:
-            self.last_ops_per_replay = info["ops_per_replay"]
+            k = self.last_ops_per_replay = info["ops_per_replay"]
+            r = held[-1].info() if held else {}
+            host = r.get("host_us_per_op")
+            r.update(ops_per_sample=k, sample=f"mean of the {k} operations of one held CUDA-graph replay; "
+                                              f"percentiles over replays",
+                     host_us_per_op=None if host is None else host / k, hold_method=self._hold_method)
+            self.last_timing = r
         return times
+
+    def _ops_per_batch(self, op) -> int:
+        """Operations per held batch for this op: from one held batch of 10, so that a batch
+        lasts BATCH_TARGET_S of device time. Asked once per prepared op."""
+        if self._batch_for is not op:
+            r = time_held(op, 1, 10, self._holds(), self._event, self.torch.cuda.synchronize, meet=self._meet)
+            # Every rank must use the same count: agree on the slowest rank's estimate.
+            est = float(r.samples_s[0])
+            if self.size > 1:
+                est = float(self.max_over_ranks(np.array([est]))[0])
+            self._batch_for, self._batch_ops = op, choose_ops_per_batch(est)
+        return self._batch_ops
+
+    def _holds(self):
+        if self._hold_factory is None:
+            from ..gpuhold import make_holds
+
+            self._hold_factory, self._hold_method = make_holds(self.torch)
+        return self._hold_factory
+
+    def _meet(self):
+        """The ranks' host-side barrier before a release: over gloo, which does not touch the
+        held CUDA stream (an NCCL barrier would queue behind the hold)."""
+        if self.size > 1:
+            self.dist.barrier(group=self.host_group)
+
+    def time_steps(self, step, iters, nlaps, barrier_each=False, hold=False):
+        """CPU: the host clock (Comm.time_steps). CUDA: the laps as events on the current
+        stream; hold: the stream held while the host enqueues each step and the ranks meet
+        (only for steps that never wait for the device on the host)."""
+        if self.device != "cuda":
+            return super().time_steps(step, iters, nlaps, barrier_each)
+        from ..timing import time_steps_with_events
+
+        between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
+        kw = {"hold": self._holds(), "meet": self._meet} if hold else {}
+        return time_steps_with_events(step, iters, nlaps, self._event, self.torch.cuda.synchronize, between=between,
+                                      **kw)
 
     # --- CUDA graph plumbing (torch.cuda) -------------------------------------------
     def _event(self):
@@ -203,7 +256,9 @@ class TorchBackend:
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(self.name, rank=launch.rank, world_size=launch.world,
                                 timeout=timedelta(seconds=600), **kwargs)
-        self.world = TorchComm(None, launch.rank, launch.world, self.name, self.device)
+        # The ranks meet on the host before releasing a held stream (TorchComm._meet).
+        host = dist.new_group(backend="gloo") if self.device == "cuda" and launch.world > 1 else None
+        self.world = TorchComm(None, launch.rank, launch.world, self.name, self.device, host_group=host)
         return self.world
 
     def split(self, n: int) -> TorchComm | None:
@@ -211,9 +266,10 @@ class TorchBackend:
         if n == self.world.size:
             return self.world
         group = self.world.dist.new_group(list(range(n)))
+        host = self.world.dist.new_group(list(range(n)), backend="gloo") if self.device == "cuda" else None
         if self.world.rank >= n:
             return None
-        return TorchComm(group, self.world.rank, n, self.name, self.device)
+        return TorchComm(group, self.world.rank, n, self.name, self.device, host_group=host)
 
     def versions(self) -> dict:
         import torch

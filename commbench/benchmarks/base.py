@@ -130,13 +130,105 @@ class Benchmark:
         """After fill + one op: does this rank hold exactly the expected result?"""
         return True
 
-    def traffic(self, point: Point) -> Traffic:
+    def busbw_factor(self, world: int) -> float:
+        """F of README "Formulas": busbw = algbw x F. The one place each benchmark's factor
+        lives; importers and the what-if model ask the registry for it."""
         raise NotImplementedError
+
+    def traffic(self, point: Point) -> Traffic:
+        """What one operation moves: S (the point's size; none for an unsized benchmark) and F."""
+        return Traffic(point.nbytes if self.sized else 0, self.busbw_factor(point.world))
 
     def measure(self, harness, comm, point: Point, bufs) -> list[dict]:
         """Time the point; returns row fragments. Most benchmarks keep the harness default;
         a multi-stage one (MoE dispatch/combine) times each stage."""
         return [harness.time_op(comm, point, self.op(comm, bufs), self.traffic(point))]
+
+    # --- ceiling hooks ----------------------------------------------------------------
+    # How ceilings.ceiling_for_row judges this benchmark's rows against a hardware
+    # profile. A row of a benchmark the registry does not know (an imported gather) is
+    # judged by these defaults: ring-like traffic of S x the row's busbw_factor.
+
+    inswitch_applies = True  # False: a variant named nvls, sharp, ... moves the same bytes (no reduction to offload)
+
+    def latency_only(self, row: dict) -> bool:
+        """No bytes to compare with a link rate: the row is judged by the latency floor."""
+        return float(row.get("nbytes") or 0) <= 0
+
+    def tier_nbytes(self, row: dict, world: int, domains: list, inswitch: bool) -> tuple[float, float]:
+        """Bytes the most loaded rank moves per direction on (scale-up, scale-out) links in
+        one operation of `row`, its `world` ranks in the scale-up `domains` (one entry a
+        rank). One NIC per GPU is assumed. Ring-like: S x F in all (in-switch, S (n+1)/n:
+        each rank sends S once and receives the result once); across domains each channel
+        crosses a domain boundary once and the channels spread over the domain's G NICs,
+        so a NIC carries 1/G of it."""
+        nbytes = float(row.get("nbytes") or 0)
+        total = nbytes * (world + 1) / world if inswitch else nbytes * float(row.get("busbw_factor") or 0.0)
+        g_min, g_max = self.domain_sizes(domains)
+        if g_min == len(domains):  # one domain: every byte rides the scale-up links
+            return total, 0.0
+        return total * (g_max - 1) / g_max, total / g_min
+
+    def busbw_is_link_rate(self, scaleup_nbytes: float, scaleout_nbytes: float) -> bool:
+        """Is the row's busbw (algbw (n+1)/n in-switch) what its bottleneck link carries, so
+        the ceiling compares it directly? Yes when one tier carries every byte (one domain,
+        or one rank per domain); otherwise the ceiling compares each tier's bytes over the
+        row's time."""
+        return scaleup_nbytes <= 0 or scaleout_nbytes <= 0
+
+    def tier_note(self, nodes: list, domains: list) -> str | None:
+        """A caveat on the ceiling of a row whose ranks span several scale-up domains."""
+        return None
+
+    @staticmethod
+    def domain_sizes(domains: list) -> tuple[int, int]:
+        """The fewest and the most ranks in one scale-up domain."""
+        sizes = [list(domains).count(d) for d in set(domains)]
+        return min(sizes), max(sizes)
+
+    # --- presentation hooks ------------------------------------------------------------
+    # How `commbench report`, report.md/report.html, the figures and the analysis tables show
+    # this benchmark's rows. The defaults are the generic collective ones (a latency/busbw
+    # table by size, busbw and latency figures, alpha-beta fits, busbw weak scaling); a
+    # benchmark with its own row layout (moe, overlap) overrides them. Rows that no
+    # registered benchmark claims (an imported nccl-tests gather) get the defaults through
+    # for_rows(). The building blocks (tables, Section, FigureInfo, figure helpers) are in
+    # commbench.viewkit.
+
+    # Each row times one operation moving S bytes, so busbw, the by-size table and figures,
+    # alpha-beta fits, variant and in-switch comparisons and busbw scaling apply.
+    collective_rows: bool = True
+    # S and F in words (README "Formulas"), shown under the generic table.
+    formula: str = ""
+
+    def describe(self, params: dict) -> str:
+        """A point's params in a table cell or a legend."""
+        return " ".join(f"{k}={v}" for k, v in params.items())
+
+    def tables(self, rows: list[dict], plain: bool) -> list | None:
+        """`commbench report`'s tables of this benchmark's rows (dicts; `run` names the run
+        directory): rich renderables. plain: ASCII borders (a file or a pipe). None: the
+        generic table."""
+        return None
+
+    def figures(self, rows, out_dir) -> list | None:
+        """Figures of this benchmark's rows (a DataFrame; variant/stage/run/dtype/backend as
+        text, a `params_key` column of canonical JSON) written into out_dir: a list of
+        viewkit.FigureInfo. None: the generic busbw and latency figures by size."""
+        return None
+
+    def report_sections(self, rows, figures: list) -> list | None:
+        """report.md/report.html sections (viewkit.Section) of this benchmark's rows (a
+        DataFrame); figures: the FigureInfo that figures() drew. None: the generic table,
+        with those figures."""
+        return None
+
+    def scaling_metric(self, rows) -> tuple | None:
+        """Weak scaling's per-rank throughput: (metric name, one value per row of the
+        DataFrame rows). None: busbw_gbps when collective_rows. Groups keep nbytes in their
+        key only when `sized` (an unsized benchmark's bytes follow from its params and
+        world, so they grow with it)."""
+        return None
 
 
 def pattern_at(idx, rank, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
@@ -199,10 +291,11 @@ def register(cls):
 
 
 def registry() -> dict[str, Benchmark]:
+    """Every registered benchmark. The built-in ones registered when this package was
+    imported (benchmarks/__init__.py); out-of-tree ones are imported here."""
     import importlib
     import os
 
-    from . import collectives, moe, overlap  # noqa: F401  (register on import)
     # Out-of-tree benchmarks: COMMBENCH_PLUGINS=pkg.module,other.module registers them too.
     for mod in filter(None, os.environ.get("COMMBENCH_PLUGINS", "").split(",")):
         try:
@@ -217,3 +310,9 @@ def get(name: str) -> Benchmark:
     if name not in reg:
         raise UsageError(f"unknown benchmark {name!r} (known: {', '.join(sorted(reg))})")
     return reg[name]
+
+
+def for_rows(name: str) -> Benchmark:
+    """The benchmark whose presentation hooks show rows named `name`: the registered one,
+    else the generic defaults (rows imported from a tool's benchmark commbench lacks)."""
+    return registry().get(name) or Benchmark()

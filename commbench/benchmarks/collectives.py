@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
-from .base import Benchmark, Point, Traffic, equal_chunked, fill_chunked, pattern_at, pattern_run, register
+from .base import Benchmark, Point, equal_chunked, fill_chunked, pattern_at, pattern_run, register
 
 
 @dataclass
@@ -47,9 +47,27 @@ class _Collective(Benchmark):
         return lambda lo, hi: np.full(hi - lo, value)
 
 
+class _Blocked(_Collective):
+    """S splits into one block per rank (reduce_scatter, all_gather, all_to_all): a size
+    must be a multiple of n elements, and the ring's (n-1)/n of S crosses the links."""
+
+    def unit_nbytes(self, world, elem_nbytes, params):
+        return world * elem_nbytes
+
+    def max_count(self, point):  # one rank's block per call
+        return point.nbytes // point.elem_nbytes // point.world
+
+    def memory_nbytes(self, point):  # S on one side, S/n on the other
+        return point.nbytes + point.nbytes // point.world
+
+    def busbw_factor(self, world):
+        return _ring(world)
+
+
 @register
 class AllReduce(_Collective):
     name = "all_reduce"
+    formula = "busbw = algbw x 2(n-1)/n"
     reduce = True
 
     def setup(self, comm, point):
@@ -68,23 +86,15 @@ class AllReduce(_Collective):
     def check(self, comm, b):
         return equal_chunked(comm, b.recv, b.count, self._sum_at(b.point, comm.size))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, 2 * _ring(point.world))
+    def busbw_factor(self, world):
+        return 2 * _ring(world)
 
 
 @register
-class ReduceScatter(_Collective):
+class ReduceScatter(_Blocked):
     name = "reduce_scatter"
-
-    def max_count(self, point):  # one rank's block per call
-        return point.nbytes // point.elem_nbytes // point.world
-
-    def memory_nbytes(self, point):  # input S, output S/n
-        return point.nbytes + point.nbytes // point.world
+    formula = "S = whole input; busbw = algbw x (n-1)/n"
     reduce = True
-
-    def unit_nbytes(self, world, elem_nbytes, params):
-        return world * elem_nbytes
 
     def setup(self, comm, point):
         k = point.nbytes // point.elem_nbytes // point.world  # S = whole input = n * output
@@ -101,22 +111,11 @@ class ReduceScatter(_Collective):
         # This rank's block of the summed input.
         return equal_chunked(comm, b.recv, b.count, self._sum_at(b.point, comm.size, offset=comm.rank * b.count))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, _ring(point.world))
-
 
 @register
-class AllGather(_Collective):
+class AllGather(_Blocked):
     name = "all_gather"
-
-    def max_count(self, point):  # one rank's block per call
-        return point.nbytes // point.elem_nbytes // point.world
-
-    def memory_nbytes(self, point):  # input S/n, output S
-        return point.nbytes + point.nbytes // point.world
-
-    def unit_nbytes(self, world, elem_nbytes, params):
-        return world * elem_nbytes
+    formula = "S = whole output; busbw = algbw x (n-1)/n"
 
     def setup(self, comm, point):
         k = point.nbytes // point.elem_nbytes // point.world  # S = whole output = n * input
@@ -134,19 +133,17 @@ class AllGather(_Collective):
         return equal_chunked(comm, b.recv, k * comm.size,
                              self._at(b.point, lambda i: i // k, offset=lambda i: -(i // k) * k))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, _ring(point.world))
-
 
 @register
-class AllToAll(_Collective):
+class AllToAll(_Blocked):
     name = "all_to_all"
+    formula = "S = bytes a rank sends; busbw = algbw x (n-1)/n"
 
     def max_count(self, point):  # the per-peer chunk, and the whole buffer's offsets below 2^31 too
         return point.nbytes // point.elem_nbytes
 
-    def unit_nbytes(self, world, elem_nbytes, params):
-        return world * elem_nbytes
+    def memory_nbytes(self, point):  # send and receive, S each
+        return 2 * point.nbytes
 
     def setup(self, comm, point):
         k = point.nbytes // point.elem_nbytes // point.world  # S = bytes a rank sends = n * chunk
@@ -165,13 +162,21 @@ class AllToAll(_Collective):
         return equal_chunked(comm, b.recv, k * comm.size,
                              self._at(b.point, lambda i: i // k, offset=lambda i: me * k - (i // k) * k))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, _ring(point.world))
+    # ceiling hooks
+    def tier_nbytes(self, row, world, domains, inswitch):
+        # Within one domain (or in-switch) the ring-like S x F holds. Across domains, S =
+        # bytes a rank sends: (P-G)/P of it leaves the domain, (G-1)/P stays on scale-up.
+        g_min, g_max = self.domain_sizes(domains)
+        if inswitch or g_min == len(domains):
+            return super().tier_nbytes(row, world, domains, inswitch)
+        nbytes = float(row.get("nbytes") or 0)
+        return nbytes * (g_max - 1) / world, nbytes * (world - g_min) / world
 
 
 @register
 class Broadcast(_Collective):
     name = "broadcast"
+    formula = "busbw = algbw"
     root = 0
 
     def memory_nbytes(self, point):  # one buffer
@@ -192,8 +197,8 @@ class Broadcast(_Collective):
     def check(self, comm, b):
         return equal_chunked(comm, b.recv, b.count, self._at(b.point, self.root))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, 1.0)
+    def busbw_factor(self, world):
+        return 1.0
 
 
 @register
@@ -202,6 +207,7 @@ class SendRecv(_Collective):
     S from it, like osu_bibw's pairs; busbw factor 1 per direction."""
 
     name = "send_recv"
+    formula = "S per direction; busbw = algbw"
     min_world = 2
     even_world = True
 
@@ -223,8 +229,22 @@ class SendRecv(_Collective):
     def check(self, comm, b):
         return equal_chunked(comm, b.recv, b.count, self._at(b.point, comm.rank ^ 1))
 
-    def traffic(self, point):
-        return Traffic(point.nbytes, 1.0)
+    def busbw_factor(self, world):
+        return 1.0
+
+    # ceiling hooks: point-to-point, so nothing reduces in a switch, and each pair's link
+    # carries the whole busbw, whichever tier it is on.
+    inswitch_applies = False
+
+    def tier_nbytes(self, row, world, domains, inswitch):
+        # Pairs 0<->1, 2<->3, ...: a pair split across domains goes through the NIC.
+        nbytes = float(row.get("nbytes") or 0)
+        pairs = [(domains[r], domains[r ^ 1]) for r in range(0, world - 1, 2)]
+        return (nbytes if any(a == b for a, b in pairs) else 0.0,
+                nbytes if any(a != b for a, b in pairs) else 0.0)
+
+    def busbw_is_link_rate(self, scaleup_nbytes, scaleout_nbytes):
+        return True
 
 
 @register
@@ -232,6 +252,7 @@ class Barrier(Benchmark):
     """Synchronisation latency only: no data, so nothing to check (check = skipped)."""
 
     name = "barrier"
+    formula = "latency only"
     sized = False
     checks = False
 
@@ -241,5 +262,11 @@ class Barrier(Benchmark):
     def op(self, comm, b):
         return comm.barrier_op()
 
-    def traffic(self, point):
-        return Traffic(0, 0.0)
+    def busbw_factor(self, world):
+        return 0.0
+
+    # ceiling hooks: no data, so the ceiling is the latency floor alone.
+    inswitch_applies = False
+
+    def latency_only(self, row):
+        return True

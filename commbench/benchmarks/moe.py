@@ -19,18 +19,21 @@ since dispatch does no arithmetic. Rows say so in `payload_carried_as`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .. import moe as M
 from ..errors import UsageError
+from ..units import INT_MAX
 from .base import Benchmark, Param, Traffic, register
 
 DISPATCH_STAGES = ("layout", "counts", "pack", "a2a", "unpack")
 COMBINE_STAGES = ("pack", "a2a", "reduce")
-INT_MAX = 2**31 - 1
+def _no_lap() -> None:
+    """A stage boundary nobody is timing (the --check run)."""
+
+
 HEADER = 8  # bytes at the start of each dispatched row: int32 source rank, int32 token index
 
 
@@ -145,7 +148,6 @@ class MoEBufs:
     out: np.ndarray | None = None
     recv_rows: np.ndarray | None = None   # expert copies: where each arriving row went
     pack_method: str = ""
-    stage_t: np.ndarray | None = None
 
 
 @register
@@ -175,6 +177,34 @@ class MoE(Benchmark):
     }
 
     stages = 2
+
+    # --- presentation hooks (the code: moe_view) ---
+    collective_rows = False  # two stages of a routed all-to-all whose bytes follow the routing
+
+    def describe(self, params):
+        from .moe_view import shape
+
+        return shape(params)
+
+    def tables(self, rows, plain):
+        from .moe_view import terminal_table
+
+        return [terminal_table(rows, plain)]
+
+    def figures(self, rows, out_dir):
+        from .moe_view import figures
+
+        return figures(rows, out_dir, self.name)
+
+    def report_sections(self, rows, figures):
+        from .moe_view import section
+
+        return [section(rows, figures)]
+
+    def scaling_metric(self, rows):
+        from .moe_view import scaling_metric
+
+        return scaling_metric(rows)
 
     def memory_nbytes(self, point):
         """x, dispatch send/receive, combine send/receive (and the expert-ordered copies for
@@ -233,8 +263,34 @@ class MoE(Benchmark):
         if p["hidden"] * 2 < HEADER:
             raise UsageError(f"moe: hidden {p['hidden']} is too small to carry a row header")
 
-    def traffic(self, point):
-        return Traffic(0, (point.world - 1) / point.world)
+    def busbw_factor(self, world):
+        return (world - 1) / world
+
+    def traffic(self, point):  # S is known per stage only, after the layout (measure)
+        return Traffic(0, self.busbw_factor(point.world))
+
+    # --- ceiling hooks: each row carries the bytes the most loaded rank moved per tier
+    # (measure), so the ceiling compares those over the row's time; busbw, over all the
+    # bytes moved, is no one link's rate. Nothing reduces in a switch.
+    inswitch_applies = False
+
+    def latency_only(self, row):
+        return False
+
+    def tier_nbytes(self, row, world, domains, inswitch):
+        up, out = float(row.get("scaleup_nbytes") or 0), float(row.get("scaleout_nbytes") or 0)
+        if len(set(domains)) == 1:  # one scale-up domain: every remote byte rides the scale-up links
+            return up + out, 0.0
+        return up, out
+
+    def busbw_is_link_rate(self, scaleup_nbytes, scaleout_nbytes):
+        return False
+
+    def tier_note(self, nodes, domains):
+        if len(set(nodes)) > len(set(domains)):
+            return ("scaleout_nbytes counts bytes between nodes, some of which stay inside a scale-up "
+                    "domain: the NIC term is an upper bound")
+        return None
 
     # --- setup ------------------------------------------------------------------
     def setup(self, comm, point):
@@ -265,32 +321,29 @@ class MoE(Benchmark):
         comm.host_view(b.recv_c)[:] = 0
 
     # --- the operations ---------------------------------------------------------
-    def dispatch(self, comm, b, st=None):
-        clock = time.perf_counter
+    def dispatch(self, comm, b, lap=_no_lap):
+        """One dispatch; lap() after each of DISPATCH_STAGES (the harness's clock)."""
         p, world = b.point.params, comm.size
-        t0 = clock()
         lay = send_order(M.dispatch_layout(b.topk, p["experts"], world, p["copies"], weights=b.weights))
         cs = comm.host_view(b.counts_send)
         cs[:] = lay.tokens_per_expert if p["copies"] == "expert" else lay.send_counts
-        t1 = clock()
+        lap()
         comm.all_to_all(b.counts_send, b.counts_recv)()
         per = self._counts_matrix(comm, b)
         recv_counts = per.sum(axis=1)
-        t2 = clock()
+        lap()
         # Expert copies land regrouped by local expert (Megatron's sort_chunks_by_idxs):
         # arrival j goes to row recv_rows[j]; rank copies stay grouped by source (DeepEP).
         b.recv_rows = inverse_perm(regroup_perm(per)) if b.expert_in is not None else None
         ex = comm.rows_all_to_all(b.rb_d, b.x, lay.send_token_idx, lay.send_counts, b.expert_in, recv_counts,
                                   b.recv_rows, b.send_d, b.recv_d)
         ex.pack()
-        t3 = clock()
+        lap()
         ex.run()
-        t4 = clock()
+        lap()
         ex.unpack()
-        t5 = clock()
+        lap()
         b.pack_method = ex.method
-        if st is not None:
-            st[:] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
         return per
 
     def experts(self, comm, b, per):
@@ -302,23 +355,20 @@ class MoE(Benchmark):
         out = b.expert_out if b.expert_out is not None else comm.host_view(b.send_c).reshape(-1, b.rb_c)
         out.view(np.uint16)[:] = vals[:, None]
 
-    def combine(self, comm, b, st=None):
-        clock = time.perf_counter
-        t0 = clock()
+    def combine(self, comm, b, lap=_no_lap):
+        """One combine; lap() after each of COMBINE_STAGES."""
         lay = b.layout
         # Expert copies go back in arrival order: the row that arrived j-th sits at
         # recv_rows[j] of the expert output.
         ex = comm.rows_all_to_all(b.rb_c, b.expert_out, b.recv_rows, b.matrix[:, comm.rank], None, lay.send_counts, None,
                                   b.send_c, b.recv_c)
         ex.pack()
-        t1 = clock()
+        lap()
         ex.run()
-        t2 = clock()
+        lap()
         back = comm.host_view(b.recv_c).view(np.uint16).reshape(lay.num_rows, -1)
         b.out = reduce_bf16_rows(back, lay, b.point.params["tokens"], weighted=lay.copies == "expert")
-        t3 = clock()
-        if st is not None:
-            st[:] = (t1 - t0, t2 - t1, t3 - t2)
+        lap()
 
     def op(self, comm, b):
         def round_trip():
@@ -375,31 +425,18 @@ class MoE(Benchmark):
                 self.experts(comm, b, per)
             fn = self.dispatch if stage == "dispatch" else self.combine
 
-            def timer(op, n, fn=fn, names=names):
-                b.stage_t = np.zeros((n, len(names)))
-                times = np.empty(n)
-                clock = time.perf_counter
-                barrier = comm.barrier_op() if harness.cfg.timing == "barrier" else None
-                for i in range(n):
-                    t0 = clock()
-                    fn(comm, b, b.stage_t[i])
-                    times[i] = clock() - t0
-                    if barrier is not None:
-                        barrier()
-                return times
-
             # Bytes per rank (dispatch side counts; combine counts them at the expert side,
             # as DeepEP does), then the most loaded rank's figure.
             acc = M.dispatch_bytes(b.layout.send_counts, recv_counts, me, nodes, rb)
             keys = ("logical_nbytes", "remote_nbytes", "scaleup_nbytes", "scaleout_nbytes")
             mine = [acc[k] for k in keys] + [max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]
             *mx, moved = comm.max_over_ranks(np.array(mine, dtype=np.float64))
-            traffic = Traffic(int(moved), (world - 1) / world)
-            frag = harness.time_op(comm, point, None, traffic, stage=stage, timer=timer)
-            st = comm.max_over_ranks(b.stage_t.ravel()).reshape(b.stage_t.shape) * 1e6
+            traffic = Traffic(int(moved), self.busbw_factor(world))
+            frag, _ = harness.time_steps(comm, point, lambda lap, fn=fn: fn(comm, b, lap), traffic, stage=stage,
+                                         laps=names)
             t_us = frag["time_us_p50"]
-            extra = {f"stage_us_{n}": float(np.median(st[:, i])) for i, n in enumerate(names)}
-            a2a = extra["stage_us_a2a"]
+            extra = {}
+            a2a = frag["stage_us_a2a"]
             extra["outside_a2a_pct"] = 100.0 * max(0.0, t_us - a2a) / t_us if t_us > 0 else 0.0
             for k, v in zip(keys, mx):
                 extra[k] = int(v)

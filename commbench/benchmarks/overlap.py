@@ -32,9 +32,7 @@ tests drive it with a fake communicator of known duration; the formulas are pure
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import re
 import sys
 import threading
 import time
@@ -43,14 +41,13 @@ from typing import Callable
 
 import numpy as np
 
+from ..compute import Compute, Gemm, calibrate_gemm, set_compute_threads
 from ..errors import UsageError
 from .base import Benchmark, Param, Point, Traffic, equal_chunked, fill_chunked, pattern_run, register
 
 MODES = ("single", "sequence")
 PROGRESS = ("none", "thread")
 COMPUTES = ("auto", "numpy", "torch")
-CALIBRATE_TOL = 0.10           # calibrated compute within 10 % of t_comm
-CALIBRATE_ROUNDS = 8
 MIN_GEMM = 8
 MAX_GEMM = {"cpu": 4096, "cuda": 16384}
 PROVISIONAL_GEMM = 64          # the --check run before calibration
@@ -76,11 +73,6 @@ def overlap_imb_pct(t_pure: float, t_compute: float, t_overall: float) -> float:
     if denom <= 0:
         return 0.0
     return float(100.0 * max(0.0, min(1.0, (t_pure + t_compute - t_overall) / denom)))
-
-
-def gemm_flops(n: int) -> float:
-    """2 M N K for M = N = K = n."""
-    return 2.0 * float(n) ** 3
 
 
 def overlap_fields(t_comm_us: float, t_compute_us: float, t_overall_us: float, t_during_us: float,
@@ -138,170 +130,6 @@ def make_schedule(mode: str, buckets: int, polls: int) -> Schedule:
 def nchunks_for(params: dict) -> int:
     mode = params["mode"]
     return make_schedule(mode, params["buckets"] if mode == "sequence" else 1, params["polls"]).nchunks
-
-
-# --- the compute --------------------------------------------------------------------------
-
-def _gemm_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A, B with entries in {-1, 0, 1}: every entry of A @ B is an integer of magnitude
-    <= n, exact in float32 whatever the summation order, so the result checks exactly.
-    Built in int8 (a 16384^2 int64 temporary would be 2 GiB)."""
-    i = np.arange(n, dtype=np.int64)
-    r3, c3 = (i % 3).astype(np.int8), ((2 * i) % 3).astype(np.int8)
-    a = ((r3[:, None] + c3[None, :]) % 3 - 1).astype(np.float32)       # (i + 2j) % 3 - 1
-    b = ((c3[:, None] + r3[None, :] + 1) % 3 - 1).astype(np.float32)   # (2i + j + 1) % 3 - 1
-    return a, b
-
-
-def _row_bounds(n: int, nchunks: int) -> list[tuple[int, int]]:
-    edges = [(k * n) // nchunks for k in range(nchunks + 1)]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-class Compute:
-    """What the core needs of a compute: `chunks` (callables, run in order, together the
-    whole compute), `flops`, and a stopwatch: mark() -> a timestamp, sync() (wait for the
-    device; no-op on CPU), elapsed(a, b) -> seconds (after sync). CPU: the host clock."""
-
-    name = "cpu"
-    chunks: list = []
-    flops: float = 0.0
-    n: int = 0
-
-    def mark(self):
-        return time.perf_counter()
-
-    def sync(self) -> None:
-        pass
-
-    def elapsed(self, a, b) -> float:
-        return b - a
-
-    def reset(self) -> None:
-        """Poison the result so a chunk that did not run shows in check()."""
-
-    def check(self) -> bool:
-        return True
-
-
-class Gemm(Compute):
-    """C = A @ B (float32, M = N = K = n) in row blocks: chunk k computes C[lo:hi] = A[lo:hi] @ B.
-
-    lib: "numpy" (CPU), "torch" (CPU or CUDA, by `device`)."""
-
-    def __init__(self, n: int, nchunks: int, lib: str, device: str = "cpu"):
-        if nchunks > n:
-            raise UsageError(f"overlap: gemm {n} has fewer rows than the {nchunks} compute chunks")
-        self.n, self.lib, self.device = n, lib, device
-        self.flops = gemm_flops(n)
-        self.bounds = _row_bounds(n, nchunks)
-        a, b = _gemm_inputs(n)
-        if lib == "numpy":
-            self.name = "numpy"
-            self.a, self.b, self.c = a, b, np.full((n, n), np.nan, np.float32)
-            mm = np.matmul
-            self.chunks = [functools.partial(mm, a[lo:hi], b, out=self.c[lo:hi]) for lo, hi in self.bounds]
-        else:
-            import torch
-
-            self.torch = torch
-            dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-            self.name = "torch-cuda" if device == "cuda" else "torch-cpu"
-            self.a = torch.from_numpy(a).to(dev)
-            self.b = torch.from_numpy(b).to(dev)
-            self.c = torch.full((n, n), float("nan"), dtype=torch.float32, device=dev)
-            mm = torch.mm
-            self.chunks = [functools.partial(mm, self.a[lo:hi], self.b, out=self.c[lo:hi]) for lo, hi in self.bounds]
-            if device == "cuda":
-                self._event = functools.partial(torch.cuda.Event, enable_timing=True)
-
-    # stopwatch: CUDA events on the current stream for the GPU, the host clock otherwise
-    def mark(self):
-        if self.device == "cuda":
-            e = self._event()
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def sync(self):
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-
-    def elapsed(self, a, b):
-        if self.device == "cuda":
-            return a.elapsed_time(b) * 1e-3
-        return b - a
-
-    def run(self) -> None:
-        for c in self.chunks:
-            c()
-
-    def reset(self):
-        if self.lib == "numpy":
-            self.c[...] = np.nan
-        else:
-            self.c.fill_(float("nan"))
-
-    def result(self) -> np.ndarray:
-        if self.lib == "numpy":
-            return self.c
-        return self.c.cpu().numpy()
-
-    def check(self) -> bool:
-        """Finite everywhere (an uncomputed chunk stays NaN), and exact on the first and
-        last row of every chunk against a float64 reference."""
-        self.sync()
-        c = self.result()
-        if not np.isfinite(c).all():
-            return False
-        rows = sorted({r for lo, hi in self.bounds for r in (lo, hi - 1)})
-        if self.lib == "numpy":
-            ref = self.a[rows].astype(np.float64) @ self.b.astype(np.float64)
-        else:  # on the compute's device, in float64
-            ref = (self.a[rows].double() @ self.b.double()).cpu().numpy()
-        return bool(np.array_equal(c[rows].astype(np.float64), ref))
-
-
-# --- BLAS / intra-op threads --------------------------------------------------------------
-
-def _openblas():
-    """The OpenBLAS numpy loaded (numpy's wheels bundle scipy-openblas), found the way
-    threadpoolctl finds it (the process's mapped libraries), as (get, set) or None."""
-    try:
-        maps = open("/proc/self/maps").read()
-    except OSError:
-        return None
-    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and put is not None:
-                return get, put
-    return None
-
-
-def set_compute_threads(compute_name: str, threads: int) -> tuple[Callable[[], None], str]:
-    """Limit the compute's threads (two ranks on two cores with multi-threaded BLAS would
-    fight over the cores and over the MPI progress); returns (restore, how)."""
-    if compute_name == "numpy":
-        ob = _openblas()
-        if ob is None:
-            return (lambda: None), "not set (no OpenBLAS found: set OPENBLAS_NUM_THREADS/OMP_NUM_THREADS)"
-        get, put = ob
-        before = int(get())
-        put(int(threads))
-        return (lambda: put(before)), "openblas_set_num_threads"
-    if compute_name == "torch-cpu":
-        import torch
-
-        before = torch.get_num_threads()
-        torch.set_num_threads(int(threads))
-        return (lambda: torch.set_num_threads(before)), "torch.set_num_threads"
-    return (lambda: None), "n/a" if compute_name != "torch-cuda" else "n/a (GPU)"
 
 
 # --- the measurement core -----------------------------------------------------------------
@@ -401,32 +229,24 @@ class OverlapCore:
             raise ValueError("compute chunks do not match the schedule")
         self.compute = compute
 
-    def comm_once(self) -> float:
+    # One iteration each, as the sampling loop's step: step(lap) (Comm.time_steps).
+    def comm_once(self, lap=None) -> None:
         """Each bucket's all_reduce alone, start then wait, one after another."""
-        sw = self.compute
-        t0 = sw.mark()
         for start in self.starts:
             start().wait()
-        t1 = sw.mark()
-        sw.sync()
-        return sw.elapsed(t0, t1)
 
-    def compute_once(self) -> float:
-        sw = self.compute
-        t0 = sw.mark()
-        for c in sw.chunks:
-            c()
-        t1 = sw.mark()
-        sw.sync()
-        return sw.elapsed(t0, t1)
+    def compute_once(self, lap=None) -> None:
+        self.compute.run()
 
-    def overlapped_once(self) -> tuple[float, float]:
-        """(t_overall, t_compute_during): start, compute with the schedule's starts and
-        polls (or the progress thread), wait for every bucket."""
-        sw, sched, poller = self.compute, self.schedule, self._poller
+    OVERLAPPED_LAPS = ("started", "compute")
+
+    def overlapped_once(self, lap=lambda: None) -> None:
+        """Start, compute with the schedule's starts and polls (or the progress thread), wait
+        for every bucket. lap() after the first buckets started and after the compute: the
+        second lap is the compute's own time inside the overlapped run."""
+        sched, poller = self.schedule, self._poller
         start_at, polls = self._start_at, sched.poll_after
         handles: list = []
-        t0 = sw.mark()
         for start in start_at.get(-1, ()):
             handles.append(start())
         if poller is not None:
@@ -434,8 +254,8 @@ class OverlapCore:
             sys.setswitchinterval(POLLER_SWITCH_INTERVAL_S)
             poller.arm(handles)
         try:
-            c0 = sw.mark()
-            for k, chunk in enumerate(sw.chunks):
+            lap()
+            for k, chunk in enumerate(self.compute.chunks):
                 chunk()
                 if k in start_at:
                     for start in start_at[k]:
@@ -443,7 +263,7 @@ class OverlapCore:
                 if k in polls:
                     for h in handles:
                         h.test()
-            c1 = sw.mark()
+            lap()
         finally:
             if poller is not None:
                 poller.finish()
@@ -451,47 +271,6 @@ class OverlapCore:
                 self.thread_tests = poller.tests
         for h in handles:
             h.wait()
-        t1 = sw.mark()
-        sw.sync()
-        return sw.elapsed(t0, t1), sw.elapsed(c0, c1)
-
-
-# --- calibration ------------------------------------------------------------------------
-
-def calibrate_gemm(target_s: float, make: Callable[[int], Compute], agree: Callable[[float], float],
-                   lo: int, hi: int, n0: int = 64, tol: float = CALIBRATE_TOL,
-                   rounds: int = CALIBRATE_ROUNDS) -> Compute:
-    """The compute whose time is about target_s (OSU: compute ~ the pure collective's time):
-    n scaled by the cube root of the time ratio until within tol. agree(t) returns the
-    slowest rank's time, so every rank takes the same steps and ends with the same n."""
-    n = int(min(max(n0, lo), hi))
-    best = None
-    for _ in range(rounds):
-        comp = make(n)
-        for c in comp.chunks:  # one untimed run: first-touch, BLAS buffers
-            c()
-        reps, ts = 0, []
-        t_end = time.perf_counter() + 0.05
-        while reps < 3 or (reps < 50 and time.perf_counter() < t_end):
-            a = comp.mark()
-            for c in comp.chunks:
-                c()
-            b = comp.mark()
-            comp.sync()
-            ts.append(comp.elapsed(a, b))
-            reps += 1
-        t = agree(float(np.median(ts)))
-        err = abs(t - target_s) / target_s if target_s > 0 else 0.0
-        if best is None or err < best[0]:
-            best = (err, comp, n)
-        if err <= tol or target_s <= 0:
-            break
-        nxt = int(round(n * (target_s / t) ** (1 / 3))) if t > 0 else n * 2
-        nxt = int(min(max(nxt, lo), hi))
-        if nxt == n:
-            break
-        n = nxt
-    return best[1]
 
 
 # --- the benchmark -----------------------------------------------------------------------
@@ -534,6 +313,24 @@ class Overlap(Benchmark):
         "threads": Param(1, "compute threads (OpenBLAS / torch intra-op; CPU only)", int, minimum=1),
     }
 
+    # --- presentation hooks (the code: overlap_view) ---
+    collective_rows = False  # a row's time is start + compute + wait, not one collective's
+
+    def tables(self, rows, plain):
+        from .overlap_view import terminal_table
+
+        return [terminal_table(rows, plain)]
+
+    def figures(self, rows, out_dir):
+        from .overlap_view import figure
+
+        return [f for f in (figure(rows, out_dir, self.name),) if f is not None]
+
+    def report_sections(self, rows, figures):
+        from .overlap_view import section
+
+        return [section(rows, figures)]
+
     def canonical_params(self, params):
         p = dict(params)
         if p["mode"] == "single":
@@ -561,9 +358,9 @@ class Overlap(Benchmark):
             raise UsageError(f"overlap: gemm {p['gemm']} has fewer rows than the {n} compute chunks "
                              f"(mode {p['mode']}, buckets {p['buckets']}, polls {p['polls']})")
 
-    def traffic(self, point):
+    def busbw_factor(self, world):
         # S = one bucket, F = 2(n-1)/n: the pure all_reduce's busbw, as all_reduce's.
-        return Traffic(point.nbytes, 2 * (point.world - 1) / point.world)
+        return 2 * (world - 1) / world
 
     # --- setup --------------------------------------------------------------------------
     @staticmethod
@@ -635,46 +432,39 @@ class Overlap(Benchmark):
         """The three timed loops through the harness, calibration between the first two,
         and the row. Tests call it with a fake comm and compute."""
         p, core = point.params, b.core
-        barrier = comm.barrier_op()
         clock = time.perf_counter
-
-        def loop(fn):
-            def timer(op, n):
-                out = np.empty(n)
-                for i in range(n):
-                    out[i] = fn()
-                    barrier()
-                return out
-            return timer
-
         sched = b.schedule
-        comm_traffic = Traffic(point.nbytes * sched.buckets, self.traffic(point).busbw_factor)
+        comm_traffic = Traffic(point.nbytes * sched.buckets, self.busbw_factor(point.world))
+        # OSU's NBC tests: a barrier between iterations, outside the timed window.
         t_setup = clock()
-        f_comm = harness.time_op(comm, point, None, comm_traffic, stage="comm", timer=loop(core.comm_once))
+        f_comm, _ = harness.time_steps(comm, point, core.comm_once, comm_traffic, stage="comm", barrier_each=True)
         t_comm_s = f_comm["time_us_p50"] * 1e-6
         if not p["gemm"]:
             harness.arm("gemm calibration")
+
+            def time_runs(comp, n):
+                return comm.time_steps(lambda lap: comp.run(), n, 0)[0]
             b.compute = calibrate_gemm(t_comm_s, lambda n: self.make_compute(b, n), _agree_max(comm),
                                        lo=max(MIN_GEMM, sched.nchunks), hi=MAX_GEMM[b.device],
-                                       n0=b.compute.n if b.compute.n else PROVISIONAL_GEMM)
+                                       n0=b.compute.n if b.compute.n else PROVISIONAL_GEMM, time_runs=time_runs)
             b.calibrated = True
             core.set_compute(b.compute)
         calib_s = clock() - t_setup
-        f_comp = harness.time_op(comm, point, None, comm_traffic, stage="compute", timer=loop(core.compute_once))
-        during: dict = {}
+        f_comp, _ = harness.time_steps(comm, point, core.compute_once, comm_traffic, stage="compute",
+                                       barrier_each=True)
+        tests: list = []
 
-        def overall_timer(op, n):
-            out, dur, tests = np.empty(n), np.empty(n), np.zeros(n)
-            for i in range(n):
-                out[i], dur[i] = core.overlapped_once()
-                tests[i] = core.thread_tests
-                barrier()
-            during["t"], during["tests"] = dur, tests
-            return out
+        def after_each(i):  # the progress thread's test() calls, outside the timing
+            if i == 0:
+                tests.clear()
+            tests.append(core.thread_tests)
 
         b.compute.reset()
-        f_all = harness.time_op(comm, point, None, comm_traffic, stage="overall", timer=overall_timer)
-        t_during = comm.max_over_ranks(during["t"]) * 1e6
+        f_all, laps_s = harness.time_steps(comm, point, core.overlapped_once, comm_traffic, stage="overall",
+                                           laps=core.OVERLAPPED_LAPS, barrier_each=True, after_each=after_each)
+        t_during = laps_s[:, 1] * 1e6
+        for name in core.OVERLAPPED_LAPS:  # in t_compute_during_us below
+            f_all.pop(f"stage_us_{name}")
         figs = overlap_fields(f_comm["time_us_p50"], f_comp["time_us_p50"], f_all["time_us_p50"],
                               float(np.median(t_during)), b.compute.flops)
         row = {**f_all, "stage": "", "timing": "barrier",
@@ -692,61 +482,12 @@ class Overlap(Benchmark):
                "calibration_s": calib_s,
                "mode": p["mode"], "buckets": sched.buckets, "polls": p["polls"], "progress": p["progress"],
                # progress=thread: the thread's test() calls per overlapped iteration (rank 0's median)
-               "thread_tests_per_iter": float(np.median(during["tests"])) if p["progress"] == "thread" else 0.0,
+               "thread_tests_per_iter": float(np.median(tests)) if p["progress"] == "thread" else 0.0,
                "bandwidth_note": "algbw/busbw: the pure all_reduce (t_comm per bucket, S = bucket, "
                                  "F = 2(n-1)/n); time_us_*: t_overall"}
-        if harness.cfg.check:
+        if harness.check:
             ok = b.compute.check()
             if comm.min_over_ranks(np.array([1.0 if ok else 0.0]))[0] <= 0:
                 row["check"] = "fail"
         return row
 
-
-# --- the table ------------------------------------------------------------------------------
-
-def _fmt_us(v) -> str:
-    if v is None or v != v:
-        return "-"
-    return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.4g}"
-
-
-def overlap_table(rows, plain: bool):
-    """One rich Table of overlap rows (dicts, or a DataFrame): t_comm, t_compute, t_overall
-    (p50, slowest rank), overlap by OSU's and IMB-NBC's formulas, compute slowdown,
-    exposed communication, GFLOP/s alone and overlapped, check."""
-    from rich import box
-    from rich.table import Table
-
-    from ..units import fmt_size
-
-    if hasattr(rows, "to_dict"):
-        rows = rows.to_dict("records")
-    rows = list(rows)
-    first = rows[0] if rows else {}
-    show_run = len({r.get("run") for r in rows}) > 1
-    t = Table(title=f"overlap: all_reduce beside a matmul  [{first.get('backend', '?')}/{first.get('device', '?')}, "
-                    f"compute {', '.join(sorted({str(r.get('compute_backend')) for r in rows}))}]",
-              caption="p50 us, slowest rank per iteration. OSU % = max(0, 100 - 100 (t_overall - t_compute) / t_comm); "
-                      "IMB % = 100 max(0, min(1, (t_comm + t_compute - t_overall) / max(t_comm, t_compute))); "
-                      "slowdown = compute time while communicating / alone; exposed = t_overall - t_compute. "
-                      "sequence: t_comm = sum over the buckets, size = one bucket",
-              box=box.ASCII if plain else box.SIMPLE_HEAD)
-    cols = (["run"] if show_run else []) + ["world", "size", "mode", "polls/progress", "gemm", "t_comm", "t_compute",
-                                            "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)",
-                                            "GFLOP/s alone", "GFLOP/s overl.", "check"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run", "mode", "polls/progress", "check") else "right", no_wrap=True)
-    for r in rows:
-        mode = str(r.get("mode"))
-        if mode == "sequence":
-            mode += f" x{r.get('buckets')}"
-        prog = "thread" if r.get("progress") == "thread" else f"polls {r.get('polls')}"
-        cells = ([str(r.get("run"))] if show_run else []) + [
-            str(r.get("world")), fmt_size(int(r.get("nbytes", 0))), mode, prog, str(r.get("gemm_n")),
-            _fmt_us(r.get("t_comm_us")), _fmt_us(r.get("t_compute_us")), _fmt_us(r.get("t_overall_us")),
-            f"{r.get('overlap_osu_pct', float('nan')):.0f}", f"{r.get('overlap_imb_pct', float('nan')):.0f}",
-            f"{r.get('compute_slowdown', float('nan')):.2f}x", _fmt_us(r.get("exposed_us")),
-            f"{r.get('gflops_alone', float('nan')):.1f}", f"{r.get('gflops_overlapped', float('nan')):.1f}",
-            str(r.get("check"))]
-        t.add_row(*cells)
-    return t

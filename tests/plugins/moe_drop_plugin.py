@@ -7,8 +7,8 @@ from commbench.benchmarks.moe import MoE
 class MoEDropRow(MoE):
     name = "moe_drop_row"
 
-    def dispatch(self, comm, b, st=None):
-        per = super().dispatch(comm, b, st)
+    def dispatch(self, comm, b, *lap):
+        per = super().dispatch(comm, b, *lap)
         if comm.rank == 1:
             comm.host_view(b.recv_d).reshape(-1, b.rb_d)[0] = 0  # a row that never arrived
         return per
@@ -18,8 +18,8 @@ class MoEDropRow(MoE):
 class MoEMisroute(MoE):
     name = "moe_misroute"
 
-    def dispatch(self, comm, b, st=None):
-        per = super().dispatch(comm, b, st)
+    def dispatch(self, comm, b, *lap):
+        per = super().dispatch(comm, b, *lap)
         if comm.rank == 1:
             rows = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
             rows[[0, -1]] = rows[[-1, 0]]  # two rows swapped: right bytes, wrong places

@@ -1,0 +1,200 @@
+"""How moe rows are shown: the terminal table, the report section, the figures against
+tokens and against routing skew, and weak scaling in tokens per second per rank. Called
+through the MoE class's presentation hooks (benchmarks/base.py)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UsageError
+from ..viewkit import FigureInfo, Section, fmt, has, int_log2_axis, labeler, new_figure, save_figure, table, text
+
+# Routing -> (its skew parameter, short name in a terminal cell, name in the report, axis label).
+SKEW_AXES = {"zipf": ("alpha", "a", "alpha", "Zipf exponent alpha"),
+             "hot_rank": ("ratio", "r", "ratio", "hot-rank load ratio"),
+             "group_limited": ("max_groups", "M", "M", "max node groups per token (M)")}
+
+
+def shape(p: dict, terminal: bool = True) -> str:
+    """The point's shape in a cell: T, H, E, K, (copies in the terminal) routing and its skew."""
+    axis = SKEW_AXES.get(p.get("routing"))
+    skew = f" {axis[1] if terminal else axis[2]}={p.get(axis[0])}" if axis else ""
+    copies = f"{p.get('copies')} " if terminal else ""
+    return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
+            f"{copies}{p.get('routing')}{skew}")
+
+
+# ---------------------------------------------------------------------------------------
+# tables
+
+def terminal_table(rs: list[dict], plain: bool):
+    """Dispatch and combine side by side with the three byte counts and the stages."""
+    t = table(f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]",
+              "GB/s = the most loaded rank's bytes / slowest-rank p50. logical: rows received incl. "
+              "from itself (DeepEP); remote: from other ranks; up/out: from the same / other nodes. "
+              "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank. "
+              "% line: per-tier time bound at the profile's line rate / p50", plain)
+    show_run = len({r.get("run") for r in rs}) > 1
+    cols = (["run"] if show_run else []) + ["world", "shape", "stage", "dtype", "p50 (us)", "p99 (us)", "max (us)",
+                                            "logical", "remote", "scale-up", "scale-out", "load (hot)",
+                                            "stages (us)", "outside a2a", "% line", "check"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("run", "shape", "stage", "dtype", "stages (us)", "check") else "right",
+                     no_wrap=True)
+    for r in rs:
+        stages = " ".join(f"{k[9:]}={r[k]:.0f}" for k in r if k.startswith("stage_us_") and r[k] == r[k])
+        cells = ([str(r.get("run"))] if show_run else []) + [
+            str(r["world"]), shape(r.get("params") or {}), str(r.get("stage")), str(r["dtype"]),
+            f"{r['time_us_p50']:.1f}", f"{r['time_us_p99']:.1f}", f"{r['time_us_max']:.1f}",
+            f"{r['logical_gbps']:.2f}", f"{r['remote_gbps']:.2f}", f"{r['scaleup_gbps']:.2f}",
+            f"{r['scaleout_gbps']:.2f}", f"{r['load_max_over_mean']:.2f} (r{int(r['hottest_rank'])})",
+            stages, f"{r['outside_a2a_pct']:.0f}%", fmt(r.get("pct_of_ceiling"), 1), str(r["check"])]
+        t.add_row(*cells)
+    return t
+
+
+def section(m, figures: list) -> Section:
+    """report.md/report.html: one row per point and stage, the figures above it."""
+    multi_run = m["run"].nunique() > 1
+    ceil = "pct_of_ceiling" in m.columns and m["pct_of_ceiling"].astype(float).notna().any()
+    heads = (["run"] if multi_run else []) + ["world", "shape", "stage", "p50 (us)", "p99 (us)", "logical GB/s",
+                                               "remote GB/s", "load (hot rank)"] + (["% line"] if ceil else []) + \
+        ["check"]
+    rows = []
+    for r in m.to_dict("records"):
+        hot = r.get("hottest_rank")
+        hot = str(int(hot)) if has(hot) and fmt(hot) != "-" else text(hot)
+        load = f"{fmt(r.get('load_max_over_mean'))} (r{hot})" if has(r.get("load_max_over_mean")) else "-"
+        cells = ([text(r["run"])] if multi_run else []) + [
+            str(r["world"]), shape(r.get("params") or {}, terminal=False), text(r.get("stage")),
+            fmt(r["time_us_p50"], 1), fmt(r["time_us_p99"], 1), fmt(r.get("logical_gbps")), fmt(r.get("remote_gbps")),
+            load]
+        if ceil:
+            cells.append(fmt(r.get("pct_of_ceiling"), 1))
+        cells.append(text(r.get("check")))
+        rows.append(cells)
+    return Section("MoE dispatch / combine", "GB/s = the most loaded rank's bytes / slowest-rank p50; load = max/mean "
+                   "rows received (hottest rank)", heads, rows, figures)
+
+
+def scaling_metric(m) -> tuple:
+    """Tokens per second per rank, each stage apart. Bytes per rank are the wrong measure
+    here: in weak scaling the tokens per rank are fixed, but the remote share of each
+    rank's copies (and so its bytes) grows with world, so a byte rate would flatter larger
+    worlds."""
+    tokens = m["params"].map(lambda p: (p or {}).get("tokens"))
+    if tokens.map(lambda t: t is None or (isinstance(t, float) and math.isnan(t))).any():
+        raise UsageError("moe rows need params with 'tokens' for tokens/s per rank")
+    t_us = m["time_us_p50"].astype(float)
+    return "tokens_per_s_per_rank", np.where(t_us > 0, tokens.astype(float) / (t_us * 1e-6), np.nan)
+
+
+# ---------------------------------------------------------------------------------------
+# figures: p50 time, bandwidth and the hottest rank's load, against tokens and against skew
+
+_CAPTION = "p50 time, bandwidth (the hottest rank's remote bytes / p50) and the hottest rank's load"
+
+
+def _frame(rows):
+    m = rows.copy()
+    p = m["params"]
+    m["tokens"] = p.map(lambda x: x.get("tokens"))
+    m["routing"] = p.map(lambda x: x.get("routing", ""))
+    for pk, *_ in SKEW_AXES.values():
+        m[f"skew_{pk}"] = p.map(lambda x, pk=pk: x.get(pk))
+    # Shape without tokens (tokens is the x axis of one figure).
+    m["shape_nt"] = p.map(lambda x: json.dumps({k: v for k, v in x.items() if k != "tokens"}, sort_keys=True))
+    m["bw"] = m["remote_gbps"].astype(float) if "remote_gbps" in m.columns else m["busbw_gbps"].astype(float)
+    m["load"] = m["load_max_over_mean"].astype(float) if "load_max_over_mean" in m.columns else math.nan
+    return m
+
+
+def _group(axes, col, grp, xcol, lab):
+    """One (run, world, shape) group: p50 time and bandwidth per stage (dispatch solid,
+    combine dashed) in one colour; the load once (it does not depend on the stage)."""
+    ax_t, ax_b, ax_l = (axes[r][col] for r in range(3))
+    series, color = [], None
+    for stage, s in sorted(grp.groupby("stage"), key=lambda kv: kv[0] != "dispatch"):
+        s = s.sort_values(xcol)
+        x = s[xcol].astype(float)
+        style = "--" if stage == "combine" else "-"
+        name = f"{lab} {stage}".strip()
+        (line,) = ax_t.plot(x, s["time_us_p50"].astype(float), marker="o", ms=3, ls=style, color=color, label=name)
+        color = line.get_color()
+        ax_b.plot(x, s["bw"], marker="o", ms=3, ls=style, color=color, label=name)
+        series.append(name)
+    first = grp[grp["stage"] == grp["stage"].iloc[0]].sort_values(xcol)
+    ax_l.plot(first[xcol].astype(float), first["load"], marker="s", ms=3, color=color, label=f"{lab} load".strip())
+    return series
+
+
+def _decorate(axes, col, xlabel, title):
+    ax_t, ax_b, ax_l = (axes[r][col] for r in range(3))
+    ax_t.set_ylabel("p50 time (us)")
+    ax_b.set_ylabel("remote GB/s (hottest rank)")
+    ax_l.set_ylabel("load max/mean (hottest rank)")
+    ax_l.axhline(1.0, color="0.6", lw=0.8)
+    ax_t.set_title(title)
+    for ax in (ax_t, ax_b, ax_l):
+        ax.grid(True, alpha=0.3)
+    ax_l.set_xlabel(xlabel)
+    ax_t.legend(fontsize=7, loc="best")
+
+
+def _skew_figure(m, out_dir: Path, name: str) -> FigureInfo | None:
+    fams = []
+    for routing, (pk, _, _, xlabel) in SKEW_AXES.items():
+        f = m[m["routing"] == routing]
+        if f[f"skew_{pk}"].dropna().nunique() >= 2:
+            fams.append((routing, pk, xlabel, f))
+    if not fams:
+        return None
+    fig, axes = new_figure(3, len(fams), w=5.2 * len(fams) + 1, h=9.0, sharex="col")
+    series = []
+    for col, (routing, pk, xlabel, f) in enumerate(fams):
+        f = f.copy()
+        f["shape"] = f["params"].map(lambda p, pk=pk: json.dumps({k: v for k, v in p.items() if k != pk},
+                                                                 sort_keys=True))
+        keys = ["run", "world", "shape"]
+        label = labeler(f, ["run", "world"])
+        for key, grp in f.groupby(keys, sort=True):
+            series += _group(axes, col, grp, f"skew_{pk}", label(dict(zip(keys, key))))
+        tokens = sorted({int(t) for t in f["tokens"].dropna()})
+        _decorate(axes, col, xlabel, f"moe {routing}: vs skew (T={','.join(map(str, tokens))})")
+    fig.suptitle("MoE dispatch (solid) / combine (dashed) vs routing skew")
+    return FigureInfo(f"{name}_skew", save_figure(fig, out_dir, f"{name}_skew"), "MoE vs skew",
+                      f"{_CAPTION} (max/mean rows received) per skew parameter", series)
+
+
+def _tokens_figure(m, out_dir: Path, name: str) -> FigureInfo | None:
+    keys = ["run", "world", "shape_nt"]
+    groups = [(k, s) for k, s in m.groupby(keys, sort=True) if s["tokens"].dropna().nunique() >= 2]
+    if not groups:
+        return None
+    fig, axes = new_figure(3, 1, w=8.0, h=9.0, sharex="col")
+    sub = m[m.set_index(keys).index.isin([k for k, _ in groups])]
+    label = labeler(sub.assign(params_key=sub["shape_nt"]), ["run", "world", "params_key"])
+    series, xs = [], set()
+    for key, grp in groups:
+        r = dict(zip(keys, key))
+        r["params_key"] = r.pop("shape_nt")
+        xs |= set(grp["tokens"].astype(float))
+        series += _group(axes, 0, grp, "tokens", label(r))
+    _decorate(axes, 0, "tokens per rank (log2)", "")
+    for r_ in range(3):
+        int_log2_axis(axes[r_][0], xs, "tokens per rank (log2)" if r_ == 2 else "")
+    fig.suptitle("MoE dispatch (solid) / combine (dashed) vs tokens")
+    return FigureInfo(f"{name}_tokens", save_figure(fig, out_dir, f"{name}_tokens"), "MoE vs tokens",
+                      f"{_CAPTION} per tokens-per-rank value", series)
+
+
+def figures(rows, out_dir: Path, name: str) -> list[FigureInfo]:
+    """<name>_tokens (when a shape was measured at several token counts) and <name>_skew
+    (when a routing's skew parameter took several values)."""
+    if rows.empty:
+        return []
+    m = _frame(rows)
+    return [f for f in (_tokens_figure(m, out_dir, name), _skew_figure(m, out_dir, name)) if f is not None]

@@ -1,0 +1,108 @@
+"""How overlap rows (measured, or imported from OSU's non-blocking benchmarks) are shown:
+the terminal table, the report section and the figure of overlap against bucket size.
+Called through the Overlap class's presentation hooks (benchmarks/base.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..units import fmt_size
+from ..viewkit import (FigureInfo, Section, fmt, has, labeler, new_figure, save_figure, size_axis, table, text,
+                       varying_params)
+
+
+def _us(v) -> str:
+    if not has(v):
+        return "-"
+    return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.4g}"
+
+
+def terminal_table(rows: list[dict], plain: bool):
+    """t_comm, t_compute, t_overall (p50, slowest rank), overlap by OSU's and IMB-NBC's
+    formulas, compute slowdown, exposed communication, GFLOP/s alone and overlapped, check."""
+    first = rows[0] if rows else {}
+    show_run = len({r.get("run") for r in rows}) > 1
+    t = table(f"overlap: all_reduce beside a matmul  [{first.get('backend', '?')}/{first.get('device', '?')}, "
+              f"compute {', '.join(sorted({str(r.get('compute_backend')) for r in rows}))}]",
+              "p50 us, slowest rank per iteration. OSU % = max(0, 100 - 100 (t_overall - t_compute) / t_comm); "
+              "IMB % = 100 max(0, min(1, (t_comm + t_compute - t_overall) / max(t_comm, t_compute))); "
+              "slowdown = compute time while communicating / alone; exposed = t_overall - t_compute. "
+              "sequence: t_comm = sum over the buckets, size = one bucket", plain)
+    cols = (["run"] if show_run else []) + ["world", "size", "mode", "polls/progress", "gemm", "t_comm", "t_compute",
+                                            "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)",
+                                            "GFLOP/s alone", "GFLOP/s overl.", "check"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("run", "mode", "polls/progress", "check") else "right", no_wrap=True)
+    for r in rows:
+        mode = str(r.get("mode"))
+        if mode == "sequence":
+            mode += f" x{r.get('buckets')}"
+        prog = "thread" if r.get("progress") == "thread" else f"polls {r.get('polls')}"
+        cells = ([str(r.get("run"))] if show_run else []) + [
+            str(r.get("world")), fmt_size(int(r.get("nbytes", 0))), mode, prog, str(r.get("gemm_n")),
+            _us(r.get("t_comm_us")), _us(r.get("t_compute_us")), _us(r.get("t_overall_us")),
+            # Imported OSU rows lack what OSU does not print (IMB %, slowdown, GFLOP/s): "-".
+            fmt(r.get("overlap_osu_pct"), 0), fmt(r.get("overlap_imb_pct"), 0),
+            fmt(r.get("compute_slowdown")) + "x" if has(r.get("compute_slowdown")) else "-", _us(r.get("exposed_us")),
+            fmt(r.get("gflops_alone"), 1), fmt(r.get("gflops_overlapped"), 1), str(r.get("check"))]
+        t.add_row(*cells)
+    return t
+
+
+def section(o, figures: list) -> Section:
+    """report.md/report.html: overlap by bucket size, one row per point."""
+    multi_run = o["run"].nunique() > 1
+    pk = [k for k in varying_params(o["params"]) if k != "mode"] if "params" in o.columns else []
+    heads = (["run"] if multi_run else []) + ["world", "mode"] + pk + [
+        "bucket", "time (us)", "overlap OSU %", "overlap IMB %", "compute slowdown", "exposed (us)"]
+    rows = []
+    for r in o.sort_values([c for c in ("run", "world", "mode", "nbytes") if c in o.columns]).to_dict("records"):
+        p = r.get("params") or {}
+        rows.append(([text(r["run"])] if multi_run else []) + [str(r["world"]), text(r.get("mode"))] + [
+            text(p.get(k)) for k in pk] + [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]),
+                                           fmt(r.get("overlap_osu_pct"), 1), fmt(r.get("overlap_imb_pct"), 1),
+                                           fmt(r.get("compute_slowdown"), 3), fmt(r.get("exposed_us"))])
+    return Section("Overlap", "communication hidden behind compute, by bucket size", heads, rows, figures)
+
+
+def figure(o, out_dir: Path, name: str) -> FigureInfo | None:
+    """Overlap % (OSU solid, IMB-NBC dashed) against bucket size, and the compute slowdown
+    below it when the rows have one."""
+    has = {c: c in o.columns and o[c].astype(float).notna().any()
+           for c in ("overlap_osu_pct", "overlap_imb_pct", "compute_slowdown")}
+    if not (has["overlap_osu_pct"] or has["overlap_imb_pct"]):
+        return None
+    o = o.copy()
+    o["mode"] = o["mode"].map(text) if "mode" in o.columns else ""
+    nrows = 2 if has["compute_slowdown"] else 1
+    fig, axes = new_figure(nrows, 1, w=8.0, h=4.2 * nrows, sharex="col")
+    keys = ["run", "world", "mode", "params_key", "variant", "dtype"]
+    label = labeler(o, keys)
+    series = []
+    for key, s in o.groupby(keys, sort=True):
+        s = s.sort_values("nbytes")
+        lab = label(dict(zip(keys, key)))
+        x = s["nbytes"].astype(float)
+        color = None
+        for col, style, what in (("overlap_osu_pct", "-", "OSU"), ("overlap_imb_pct", "--", "IMB")):
+            if has[col] and s[col].astype(float).notna().any():
+                (line,) = axes[0][0].plot(x, s[col].astype(float), ls=style, marker="o", ms=3, color=color,
+                                          label=f"{lab} overlap ({what})")
+                color = line.get_color()
+                series.append(f"{lab} overlap ({what})")
+        if nrows == 2 and s["compute_slowdown"].astype(float).notna().any():
+            axes[1][0].plot(x, s["compute_slowdown"].astype(float), marker="s", ms=3, color=color,
+                            label=f"{lab} compute slowdown")
+    axes[0][0].set_ylabel("communication hidden (%)")
+    axes[0][0].set_ylim(-2, 102)
+    axes[0][0].set_title("overlap of communication with compute vs bucket size")
+    axes[0][0].legend(fontsize=8, loc="best")
+    axes[0][0].grid(True, alpha=0.3)
+    if nrows == 2:
+        axes[1][0].set_ylabel("compute slowdown (x, with comm / alone)")
+        axes[1][0].axhline(1.0, color="0.5", ls="--", lw=1)
+        axes[1][0].grid(True, alpha=0.3)
+        axes[1][0].legend(fontsize=8, loc="best")
+    size_axis(axes[-1][0], "bucket size (bytes, log2)")
+    return FigureInfo(name, save_figure(fig, out_dir, name), "overlap",
+                      "solid, OSU: 100 - 100 (overall - compute) / pure comm; dashed, IMB-NBC: 100 (pure comm + "
+                      "compute - overall) / max(pure comm, compute)", series)

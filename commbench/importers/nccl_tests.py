@@ -1,0 +1,469 @@
+"""NVIDIA nccl-tests output: the stdout tables (read by their header text, so the -C
+cputime, -S timestamp and -I per-iteration columns of newer versions are found wherever
+they stand) and the -J JSON file.
+
+Each size line holds an out-of-place and an in-place half: the out-of-place half becomes
+variant "default" (what commbench measures), the in-place half variant "in-place". The
+time is the loop's mean; -I columns or -J per-iteration objects give the spread."""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ..results import ENV_PREFIXES
+from .rows import benchmark_name, check_status, err, fnum, make_row, name_from_filename, run_meta
+
+# nccl-tests type names -> commbench dtype names.
+_NCCL_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
+                "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+                "uint64": "uint64", "f8e4m3": "fp8_e4m3", "f8e5m2": "fp8_e5m2"}
+
+_NCCL_LOG_RE = re.compile(r"^\S+:\d+:\d+ \[\d+\] NCCL (INFO|WARN|ERROR|TRACE)")
+_RANK_RE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
+                      r"\[([^\]]*)\]\s*(.*?)\s*$")
+
+
+def _nccl_version(code) -> str | None:
+    try:
+        c = int(code)
+    except (TypeError, ValueError):
+        return None
+    if c <= 0:
+        return None
+    if c >= 10000:  # 2.9 and later: major*10000 + minor*100 + patch
+        return f"{c // 10000}.{c % 10000 // 100}.{c % 100}"
+    return f"{c // 1000}.{c % 1000 // 100}.{c % 100}"
+
+
+
+def _nccl_params(redop, root) -> dict:
+    """The point's params: a reduction other than sum, a root other than 0."""
+    params = {}
+    if redop not in (None, "sum", "none"):
+        params["redop"] = redop
+    if isinstance(root, int) and root > 0:
+        params["root"] = root
+    return params
+
+
+# ---------------------------------------------------------------------------------------
+# nccl-tests stdout
+
+_LEAD = ("size", "count", "type", "redop", "root")
+_HALF_NAMES = ("out-of-place", "in-place")
+
+
+def _nccl_header(tokens: list[str], group_line: str | None, path, lineno: int) -> dict:
+    cols = list(tokens)
+    ts = bool(cols) and cols[-1] == "timestamp"
+    if ts:
+        cols = cols[:-1]
+    starts = [i for i, c in enumerate(cols) if c in ("time", "cputime")]
+    if not starts:
+        raise err(path, lineno, "nccl-tests header has no time/cputime column")
+    lead = cols[:starts[0]]
+    if "size" not in lead:
+        raise err(path, lineno, "nccl-tests header has no size column")
+    halves = [cols[a:b] for a, b in zip(starts, starts[1:] + [len(cols)])]
+    names = re.findall(r"out-of-place|in-place", group_line or "")
+    if len(names) != len(halves):
+        names = list(_HALF_NAMES[:len(halves)])
+    for h in halves:
+        if "algbw" not in h or "busbw" not in h:
+            raise err(path, lineno, f"nccl-tests header half {' '.join(h)!r} lacks algbw/busbw")
+    return {"lead": lead, "halves": list(zip(names, halves)), "timestamp": ts, "ncols": len(cols),
+            "line": lineno, "cputime": "cputime" in cols, "per_iter": "i_min" in cols}
+
+
+class _NcclBlock:
+    def __init__(self, line: int):
+        self.line = line
+        self.name = None
+        self.ranks: dict[int, tuple] = {}
+        self.run_params: dict = {}
+        self.header = None
+        self.group_line = None
+        self.footer = False
+        self.data: list[tuple[int, dict]] = []
+        self.out_of_bounds = None
+        self.avg_busbw = None
+
+
+def _parse_nccl_params(body: str) -> dict:
+    out = {}
+    for key, pat in (("warmup", r"warmup iters:\s*(\d+)"), ("iters", r"(?<!warmup )(?<!agg )iters:\s*(\d+)"),
+                     ("agg_iters", r"agg iters:\s*(\d+)"), ("validation", r"validation:\s*(\d+)"),
+                     ("graph", r"graph:\s*(\d+)"), ("ngpus", r"nGpus\s+(\d+)"), ("nthreads", r"nThread\s+(\d+)")):
+        m = re.search(pat, body)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list[dict], dict]:
+    lines = text.splitlines()
+    blocks: list[_NcclBlock] = []
+    cur = _NcclBlock(1)
+    versions: dict = {}
+    in_table = False
+
+    def close(b: _NcclBlock, at: int):
+        if b.header is not None:
+            if not b.footer:
+                raise err(path, at, "nccl-tests table ends without its footer ('# Out of bounds values'): "
+                                     "truncated output?")
+            blocks.append(b)
+
+    for i, raw in enumerate(lines, 1):
+        s = raw.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            body = s.lstrip("#").strip()
+            m = re.match(r"Collective test starting:\s*(\S+)", body)
+            if m:
+                if cur.header is not None or cur.ranks:
+                    close(cur, i)
+                    cur = _NcclBlock(i)
+                cur.name = m.group(1)
+                in_table = False
+                continue
+            m = re.search(r"nccl-tests version\s+(\S+)", body)
+            if m:
+                versions["nccl-tests"] = m.group(1)
+                lib = re.search(r"nccl-library=(\d+)", body)
+                if lib and _nccl_version(lib.group(1)):
+                    versions["nccl"] = _nccl_version(lib.group(1))
+                continue
+            m = _RANK_RE.match(s.lstrip("#").strip()) if "Rank" in body else None
+            if m:
+                cur.ranks[int(m.group(1))] = (m.group(2), int(m.group(3)), m.group(4), m.group(5))
+                continue
+            if body.startswith("nThread"):
+                cur.run_params = _parse_nccl_params(body)
+                continue
+            if "out-of-place" in body or "in-place" in body:
+                cur.group_line = body
+                continue
+            toks = body.split()
+            if "size" in toks and ("algbw" in toks or "busbw" in toks):
+                if cur.header is not None:  # a second table in one block: keep them apart
+                    close(cur, i)
+                    prev, cur = cur, _NcclBlock(i)
+                    cur.name, cur.ranks, cur.run_params = prev.name, prev.ranks, prev.run_params
+                cur.header = _nccl_header(toks, cur.group_line, path, i)
+                in_table = True
+                continue
+            m = re.match(r"Out of bounds values\s*:\s*(\d+)", body)
+            if m:
+                if cur.header is None:
+                    raise err(path, i, "nccl-tests footer without a table header before it")
+                cur.footer, cur.out_of_bounds, in_table = True, int(m.group(1)), False
+                continue
+            m = re.match(r"Avg bus bandwidth\s*:\s*(\S+)", body)
+            if m:
+                try:
+                    cur.avg_busbw = float(m.group(1))
+                except ValueError:
+                    pass
+                continue
+            continue
+        m = re.search(r"NCCL version (\d+\.\d+\.\d+\S*)", s)
+        if m:
+            versions.setdefault("nccl", m.group(1).split("+")[0])
+        if not in_table:
+            continue  # launcher and library noise outside the table
+        if _NCCL_LOG_RE.match(s):
+            continue
+        cur.data.append((i, _nccl_data_line(path, i, s, cur.header)))
+    if cur.header is not None:
+        if not cur.footer:
+            raise err(path, len(lines), "nccl-tests table ends without its footer ('# Out of bounds values'): "
+                                         "truncated output?")
+        blocks.append(cur)
+    if not blocks:
+        raise err(path, 1, f"no nccl-tests table (a '#  size  count  type ... algbw  busbw' header) in "
+                            f"{len(lines)} lines: not nccl-tests stdout")
+
+    rows, hosts_all, gpus, worlds, notes = [], [], [], [], []
+    for b in blocks:
+        name = benchmark or (benchmark_name(b.name) if b.name else None) or name_from_filename(path)
+        if name is None:
+            raise err(path, b.line, "cannot tell the collective: no '# Collective test starting: X_perf' line "
+                                     "and the file name names none (pass the benchmark name)")
+        if b.ranks:
+            n = len(b.ranks)
+            if world is not None and int(world) != n:
+                raise err(path, b.line, f"the file lists {n} ranks ('#  Rank' lines), --world says {world}")
+            hosts = [b.ranks[r][0] for r in sorted(b.ranks)]
+            gpus += [b.ranks[r][3] for r in sorted(b.ranks)]
+        elif world is not None:
+            n, hosts = int(world), []
+        else:
+            raise err(path, b.line, "no '#  Rank N Group G Pid P on HOST device D' lines: pass --world N")
+        worlds.append(n)
+        hosts_all = hosts_all or hosts
+        h = b.header
+        clock = "cpu_time" if h["cputime"] else "host_clock_loop_mean"
+        iters = b.run_params.get("iters")
+        if iters and b.run_params.get("agg_iters"):
+            iters *= b.run_params["agg_iters"]
+        skipped = 0
+        for lineno, d in b.data:
+            nbytes = d["lead"]["size"]
+            if nbytes <= 0:
+                skipped += 1
+                continue
+            dtype = _NCCL_DTYPES.get(d["lead"].get("type", "float"), d["lead"].get("type", "float"))
+            redop, root = d["lead"].get("redop"), d["lead"].get("root")
+            params = _nccl_params(redop, root)
+            for half, v in d["halves"].items():
+                t = v.get("time", v.get("cputime"))
+                if t is None:
+                    continue
+                stats, spread, note = {}, "none", "all percentiles = the mean: the tool prints only an average"
+                if v.get("i_min") is not None:
+                    stats = {"time_us_min": v.get("i_min"), "time_us_max": v.get("i_max"),
+                             "time_us_p99": v.get("i_p99")}
+                    if v.get("i_cv%") is not None:
+                        stats["time_us_std"] = v["i_cv%"] / 100.0 * t
+                        spread = "std"
+                    note = "-I per-iteration columns give min/max/p99 and std (cv); p90 = the mean"
+                extra = {"tool_nbytes": nbytes, "redop": redop, "root": root, "source_line": lineno}
+                if d.get("timestamp"):
+                    extra["timestamp"] = d["timestamp"]
+                rows.append(make_row(
+                    bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes, dtype=dtype,
+                    variant="default" if half == "out-of-place" else half, params=params, iters=iters,
+                    warmup=b.run_params.get("warmup"), clock=clock, mean_us=t, stats=stats,
+                    algbw=v.get("algbw"), busbw=v.get("busbw"), check=check_status(v.get("#wrong")),
+                    source=f"nccl-tests stdout ({note})", spread=spread, extra=extra))
+        if skipped:
+            notes.append(f"{b.name or name}: {skipped} size-0 line(s) skipped")
+    meta = run_meta("nccl-tests", path, rows, hosts_all, sorted(set(gpus)), max(worlds), "nccl", "cuda",
+                 versions, {}, notes=notes,
+                 extra={"tool": {"name": "nccl-tests", "version": versions.get("nccl-tests")},
+                        "tool_settings": blocks[0].run_params,
+                        "out_of_bounds": sum(b.out_of_bounds or 0 for b in blocks),
+                        "tool_avg_busbw_gbps": [b.avg_busbw for b in blocks]})
+    return rows, meta
+
+
+def _nccl_data_line(path, lineno: int, s: str, h: dict) -> dict:
+    toks = s.split()
+    n = h["ncols"]
+    ts = None
+    if h["timestamp"] and len(toks) > n:
+        toks, ts = toks[:n], " ".join(toks[n:])
+    if len(toks) != n:
+        what = f"{n} fields ({' '.join(h['lead'])} + {' '.join(h['halves'][0][1])} per half)"
+        raise err(path, lineno, f"malformed nccl-tests data line: expected {what}, got {len(toks)}: {s[:60]!r}")
+    lead = {}
+    for col, tok in zip(h["lead"], toks):
+        if col in ("size", "count", "root"):
+            try:
+                lead[col] = int(tok)
+            except ValueError:
+                raise err(path, lineno, f"malformed nccl-tests data line: {col} {tok!r} is not an integer") from None
+        else:
+            lead[col] = tok
+    pos = len(h["lead"])
+    halves = {}
+    for name, cols in h["halves"]:
+        vals = {}
+        for col, tok in zip(cols, toks[pos:pos + len(cols)]):
+            try:
+                vals[col] = fnum(tok)
+            except ValueError:
+                raise err(path, lineno, f"malformed nccl-tests data line: {name} {col} {tok!r} is not a number") \
+                    from None
+        pos += len(cols)
+        t = vals.get("time", vals.get("cputime"))
+        if t is not None and not (math.isfinite(t) and t > 0):
+            vals["time"] = vals["cputime"] = None  # a half that did not run
+        halves[name] = vals
+    return {"lead": lead, "halves": halves, "timestamp": ts}
+
+
+# ---------------------------------------------------------------------------------------
+# nccl-tests JSON (-J)
+
+def _jval(v):
+    """JSON scalars as nccl-tests writes them: numbers, "nan", "true"/"false" strings."""
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("true", "false"):
+            return low == "true"
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _jnum(v):
+    v = _jval(v)
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    raise ValueError(v)
+
+
+def _json_result_lines(text: str) -> list[int]:
+    """Line of each element of the top-level results list (for error messages)."""
+    m = re.search(r'"results"\s*:\s*\[', text)
+    if not m:
+        return []
+    dec, pos, out = json.JSONDecoder(), m.end(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return out
+        out.append(text.count("\n", 0, pos) + 1)
+        try:
+            _, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return out
+
+
+def _iter_stats(obj) -> dict | None:
+    """Per-iteration statistics (nccl-tests -I with -J) as time_us_* fields."""
+    if not isinstance(obj, dict):
+        return None
+    times = obj.get("times_us")
+    if isinstance(times, list) and times:
+        import numpy as np
+
+        from ..stats import summarize_us
+
+        t = np.array([_jnum(x) for x in times], dtype=np.float64)
+        t = t[np.isfinite(t)]
+        if t.size:
+            s = summarize_us(t * 1e-6)
+            s.pop("time_us_p50")
+            s.pop("time_us_mean")
+            return s
+    out = {"time_us_min": obj.get("min_us"), "time_us_max": obj.get("max_us"), "time_us_p99": obj.get("p99_us"),
+           "time_us_std": obj.get("stdev_us")}
+    out = {k: _jnum(v) for k, v in out.items() if v is not None}
+    out = {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+    return out or None
+
+
+def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[dict], dict]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise err(path, e.lineno, f"not valid JSON ({e.msg}): truncated nccl-tests -J output?") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise err(path, 1, "not nccl-tests -J JSON (no top-level 'results' list)")
+    version = doc.get("version")
+    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    devices = [d for d in doc.get("devices") or [] if isinstance(d, dict)]
+    hosts = [str(d.get("hostname")) for d in sorted(devices, key=lambda d: d.get("rank", 0))]
+    gpus = sorted({str(d.get("device_info")) for d in devices if d.get("device_info")})
+    if devices:
+        n = len(devices)
+        if world is not None and int(world) != n:
+            raise err(path, 1, f"the file lists {n} devices, --world says {world}")
+    elif world is not None:
+        n = int(world)
+    else:
+        raise err(path, 1, "nccl-tests JSON without a 'devices' list: pass --world N")
+    args = [str(a) for a in doc.get("args") or []]
+    res = doc["results"]
+    lines = None
+    name = benchmark
+    if name is None and args:
+        name = benchmark_name(args[0])
+    if name is None:
+        for r in res:
+            if isinstance(r, dict) and r.get("experiment_name"):
+                name = benchmark_name(str(r["experiment_name"]))
+                break
+    name = name or name_from_filename(path)
+    if name is None:
+        raise err(path, 1, "cannot tell the collective from args, experiment_name or the file name "
+                            "(pass the benchmark name)")
+    iters_cfg = cfg.get("iterations")
+    agg = cfg.get("aggregated_iterations")
+    rows = []
+    skipped = 0
+    for k, r in enumerate(res):
+        def bad(msg):
+            nonlocal lines
+            if lines is None:
+                lines = _json_result_lines(text)
+            return err(path, lines[k] if k < len(lines) else 1, f"results[{k}]: {msg}")
+
+        if not isinstance(r, dict):
+            raise bad("not an object")
+        try:
+            nbytes = int(_jnum(r.get("size")))
+        except (TypeError, ValueError):
+            raise bad(f"size {r.get('size')!r} is not a number") from None
+        if nbytes <= 0:
+            skipped += 1
+            continue
+        typ = str(r.get("type", "float"))
+        redop = r.get("redop")
+        try:
+            root = int(str(r.get("root", "-1")).strip())
+        except ValueError:
+            raise bad(f"root {r.get('root')!r} is not an integer") from None
+        params = _nccl_params(redop, root)
+        iters = r.get("actual_iterations") or ((iters_cfg or 0) * (agg or 1)) or None
+        found = False
+        for key, variant in (("out_of_place", "default"), ("in_place", "in-place")):
+            half = r.get(key)
+            if half is None:
+                continue
+            if not isinstance(half, dict):
+                raise bad(f"{key} is neither an object nor null")
+            found = True
+            try:
+                cpu = "cpu_time" in half
+                t = _jnum(half.get("cpu_time" if cpu else "time"))
+                algbw, busbw = _jnum(half.get("alg_bw")), _jnum(half.get("bus_bw"))
+                nwrong = _jnum(half.get("nwrong"))
+            except ValueError as e:
+                raise bad(f"{key}: {e.args[0]!r} is not a number") from None
+            if t is None or not math.isfinite(t) or t <= 0:
+                continue
+            st = _iter_stats(r.get(f"{key}_per_iter")) or _iter_stats(half.get("per_iter")) or _iter_stats(half)
+            if st is None and key == "out_of_place" and r.get("in_place") is None:
+                st = _iter_stats(r)
+            spread = "std" if st and "time_us_std" in st else "none"
+            note = ("per-iteration statistics give min/p90/p99/max/std" if st else
+                    "all percentiles = the mean: no per-iteration statistics in the file")
+            rows.append(make_row(
+                bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes,
+                dtype=_NCCL_DTYPES.get(typ, typ), variant=variant, params=params, iters=iters,
+                warmup=cfg.get("warmup_iters"), clock="cpu_time" if cpu else "host_clock_loop_mean", mean_us=t,
+                stats=st, algbw=algbw if algbw is not None and math.isfinite(algbw) else None,
+                busbw=busbw if busbw is not None and math.isfinite(busbw) else None, check=check_status(nwrong),
+                source=f"nccl-tests JSON ({note})", spread=spread,
+                extra={"tool_nbytes": nbytes, "redop": redop, "root": root}))
+        if not found:
+            raise bad("neither out_of_place nor in_place holds a result")
+    versions = {}
+    if _nccl_version(doc.get("nccl_version")):
+        versions["nccl"] = _nccl_version(doc.get("nccl_version"))
+    env = {}
+    for e in doc.get("env") or []:
+        if isinstance(e, str) and "=" in e:
+            k, v = e.split("=", 1)
+            if k.startswith(ENV_PREFIXES):
+                env[k] = v
+    settings = {k: _jval(v) for k, v in cfg.items()}
+    meta = run_meta("nccl-tests-json", path, rows, hosts, gpus, n, "nccl", "cuda", versions, env,
+                 notes=[f"{skipped} size-0 result(s) skipped"] if skipped else [],
+                 extra={"tool": {"name": "nccl-tests", "json_version": version}, "tool_settings": settings,
+                        "command": args or None, "started": doc.get("start_time"), "finished": doc.get("end_time"),
+                        "out_of_bounds": (doc.get("out_of_bounds") or {}).get("count"),
+                        "tool_avg_busbw_gbps": [_jval((doc.get("average_bus_bandwidth") or {}).get("bandwidth"))]})
+    return rows, meta
+

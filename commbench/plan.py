@@ -1,0 +1,114 @@
+"""The plan of a sweep, before anything runs: memory per rank and a rough time per point
+(--dry-run), and the refusals that need them: a sweep that does not fit this host's
+memory, a call whose count overflows an MPI int."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import UsageError
+from .units import INT_MAX, fmt_size
+
+if TYPE_CHECKING:
+    from .suite import SuiteConfig
+
+# A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
+# fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
+PLAN_GBPS = 5.0
+PLAN_ALPHA_S = 2e-6
+PLAN_SETUP_S = 0.01
+
+
+def _mem_available_nbytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _local_ranks(world: int) -> int:
+    import os
+
+    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        v = os.environ.get(k, "")
+        if v.isdigit():
+            return int(v)
+    return world if not any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
+                                                         "RANK")) else 1
+
+
+def fmt_mem(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+
+@functools.lru_cache(maxsize=1)
+def mpi_large_count() -> bool:
+    """Does the MPI library speak MPI-4 (large-count calls, which mpi4py then uses)? Asked
+    in a child process: importing mpi4py here would initialise MPI in the launcher."""
+    import subprocess
+    import sys
+
+    code = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_version()[0])"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+        return int(out.strip() or 0) >= 4
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return False
+
+
+def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: bool = False) -> list[dict]:
+    """Per point: buffer bytes per rank (the benchmark's own estimate) and a rough time.
+    Refuses, before any rank starts, a sweep whose largest point does not fit this host's
+    available memory with every local rank holding its buffers, and (check_counts: the
+    mpi backend) a call whose count overflows a C int."""
+    from .benchmarks import get
+
+    out = []
+    for p in points:
+        bench = get(p.benchmark)
+        if check_counts and bench.max_count(p) > INT_MAX and not mpi_large_count():
+            raise UsageError(
+                f"{p.benchmark} {fmt_size(p.nbytes)} {p.dtype} at world {p.world} passes {bench.max_count(p)} "
+                f"elements in one call, over the 2^31-1 an MPI count holds without MPI-4 large-count calls, "
+                f"which this MPI library lacks: use a wider dtype or a smaller size")
+        mem = int(bench.memory_nbytes(p))
+        op_s = PLAN_ALPHA_S + bench.plan_nbytes(p) / (PLAN_GBPS * 1e9)
+        if cfg.iters:
+            t = (cfg.iters + cfg.warmup) * op_s
+        else:
+            t = cfg.warmup * op_s + min(max(cfg.min_time_ms / 1e3, cfg.min_iters * op_s), cfg.max_iters * op_s)
+        out.append({"point": p, "mem_nbytes": mem, "est_s": t * bench.stages + PLAN_SETUP_S})
+    if device == "cpu" and out:
+        avail = _mem_available_nbytes()
+        big = max(out, key=lambda r: r["mem_nbytes"])
+        local = min(_local_ranks(world), world)
+        if avail is not None and big["mem_nbytes"] * local > avail:
+            p = big["point"]
+            raise UsageError(
+                f"{p.benchmark} {fmt_size(p.nbytes)} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} "
+                f"per rank, {fmt_mem(big['mem_nbytes'] * local)} for {local} ranks on this host, which has "
+                f"{fmt_mem(avail)} available: lower the sizes or the ranks per host")
+    return out
+
+
+def print_plan(cfg: SuiteConfig, plan_rows: list[dict], world: int, backend: str) -> None:
+    """--dry-run: the points, memory per rank and a rough time, without communicating."""
+    print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
+    print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")
+    for r in plan_rows:
+        p = r["point"]
+        params = " ".join(f"{k}={v}" for k, v in p.params.items())
+        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes):>8s} {p.dtype:9s} "
+              f"{fmt_mem(r['mem_nbytes']):>10s} {r['est_s']:7.2f}s  {params}")
+    total = sum(r["est_s"] for r in plan_rows)
+    peak = max((r["mem_nbytes"] for r in plan_rows), default=0)
+    print(f"total: about {total:.0f} s (rough: {PLAN_GBPS:g} GB/s and {PLAN_ALPHA_S * 1e6:g} us an operation, "
+          f"plus set-up), peak buffers {fmt_mem(peak)} per rank")
