@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=key_help("check"))
     r.add_argument("--timing", choices=TIMING_METHODS, help=key_help("timing"))
     r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=key_help("cuda_graph"))
+    r.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=None, help=key_help("in_place"))
+    r.add_argument("--per-op-events", action=argparse.BooleanOptionalAction, default=None,
+                   help=key_help("per_op_events"))
+    r.add_argument("--cuda-aware-mpi", action="store_true",
+                   help="backend mpi with device cuda: the MPI takes CUDA buffers (when the library cannot be asked)")
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
                    help="set a benchmark parameter; several values make a sweep axis")
     r.add_argument("--np", type=int, help="start this many local ranks")
@@ -98,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--world", type=int, help="rank count (required for OSU, which does not print it)")
     im.add_argument("--benchmark", help="the collective, when neither the file nor its name says")
     im.add_argument("--no-in-place", action="store_true",
-                    help="nccl-tests: keep only the out-of-place half (variant default), not the in-place rows")
+                    help="nccl-tests: keep only the out-of-place half, not the in-place rows")
     im.add_argument("--out", metavar="DIR", help="result directory (default results/<timestamp>-import-<file>)")
 
     c = sub.add_parser("ceilings", help="print the hardware profiles (link line and achieved rates)")
@@ -201,6 +206,30 @@ def _resume(args, argv: list[str]) -> int:
                       meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
 
 
+def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool) -> None:
+    """Before any rank initialises: one GPU per NCCL rank on this host, and CUDA buffers only
+    on an MPI that takes them (either mistake ends in a traceback or a segfault later)."""
+    from .backends import gpus
+
+    if backend == "nccl":
+        from .launch import detect
+        from .plan import local_ranks
+
+        visible = gpus.visible_gpus()
+        if visible:  # none: backends.availability says so
+            gpus.check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
+    if backend == "mpi" and device == "cuda":
+        import os
+
+        from .launch import find_mpirun
+
+        try:
+            bindir = os.path.dirname(find_mpirun())
+        except UsageError:
+            bindir = None
+        gpus.check_cuda_aware_mpi(cuda_aware, bindir)
+
+
 def cmd_run(args, argv: list[str]) -> int:
     from dataclasses import fields
     from pathlib import Path
@@ -231,6 +260,7 @@ def cmd_run(args, argv: list[str]) -> int:
         raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     device = args.device or ("cuda" if backend == "nccl" else "cpu")
     suite_mod.check_backend(cfg, backend, device)
+    check_gpu_path(backend, device, args.np, args.cuda_aware_mpi)
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)
     if args.list_variants:

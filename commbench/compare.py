@@ -18,7 +18,9 @@ import math
 
 from .analysis import params_key
 
-KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "params", "stage")
+# placement: nccl-tests' in-place and out-of-place columns are different operations (at one
+# rank an in-place all_reduce moves nothing), so only like is compared with like.
+KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "placement", "params", "stage")
 VERDICTS = ("faster", "slower", "not significant")
 # z for a two-sided 95 % interval.
 Z95 = 1.959964
@@ -96,7 +98,8 @@ def _keyed(df):
         recs.append({
             "benchmark": str(r.get("benchmark")), "backend": _blank(r.get("backend")),
             "world": int(r.get("world")), "nbytes": int(r.get("nbytes") or 0), "dtype": _blank(r.get("dtype")),
-            "variant": _blank(r.get("variant")) or "default", "params": params_key(r.get("params")),
+            "variant": _blank(r.get("variant")) or "default", "placement": _blank(r.get("placement")),
+            "params": params_key(r.get("params")),
             "stage": _blank(r.get("stage")), "run": _blank(r.get("run")), "p50": _num(r.get("time_us_p50")),
             "busbw": _num(r.get("busbw_gbps")), "ci_lo": lo, "ci_hi": hi, "basis": basis,
             "iters": _num(r.get("iters")),
@@ -180,7 +183,8 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     res = pd.DataFrame(out, columns=COLUMNS)
     if len(res):
         res["_o"] = res["only_in"].map({"": 0, "base": 1, "new": 2})
-        res = res.sort_values(["_o", "benchmark", "backend", "world", "dtype", "variant", "params", "stage",
+        res = res.sort_values(["_o", "benchmark", "backend", "world", "dtype", "variant", "placement", "params",
+                               "stage",
                                "nbytes"], kind="stable").drop(columns="_o").reset_index(drop=True)
     return res
 
@@ -229,18 +233,18 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     if only is not None:
         only_df = only
     shown = matched if all_points else matched[matched["verdict"] != "not significant"]
-    cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend", "dtype", "variant", "params", "stage")}
+    opt = ("dtype", "variant", "placement", "params", "stage")
+    cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend",) + opt}
     s = summary(df)
     thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
     t = table(f"compare: {s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant",
               f"{thr}ratio = new p50 / base p50; a change counts when it passes the threshold and the "
               "~95 % intervals (\u00b1) do not overlap", plain)
     heads = ["benchmark"] + [c for c in ("backend",) if cols_opt[c]] + ["world", "size"] + \
-        [c for c in ("dtype", "variant", "params", "stage") if cols_opt[c]] + \
+        [c for c in opt if cols_opt[c]] + \
         ["base p50 (us)", "new p50 (us)", "change", "busbw base", "busbw new", "busbw change", "verdict"]
     for h in heads:
-        t.add_column(h, justify="left" if h in ("benchmark", "backend", "dtype", "variant", "params", "stage",
-                                                "verdict") else "right")
+        t.add_column(h, justify="left" if h in ("benchmark", "backend", "verdict") + opt else "right")
 
     def pm(p50, lo, hi):
         if not (math.isfinite(p50)):
@@ -253,8 +257,7 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
         style = {"slower": "red", "faster": "green"}.get(r["verdict"])
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
             [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
-            [(_params_text(r[c]) if c == "params" else str(r[c])) for c in ("dtype", "variant", "params", "stage")
-             if cols_opt[c]] + \
+            [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \
             [pm(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"]),
              pm(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"]),
              f"{r['change_pct']:+.1f}%", _f(r["base_busbw_gbps"]), _f(r["new_busbw_gbps"]),
@@ -267,16 +270,16 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
         console.print(f"{t.title}: no point changed by more than the threshold and its intervals")
     if len(only_df):
         o = table(f"points in one run only ({s['only in base']} base, {s['only in new']} new)", "", plain)
-        for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "params", "stage"):
+        for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
             o.add_column(h)
-        gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "params", "stage"]
+        gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "placement", "params", "stage"]
         for key, g in only_df.groupby(gkeys, sort=False):
             r = dict(zip(gkeys, key))
             sizes = sorted(int(x) for x in g["nbytes"])
             sz = fmt_size(sizes[0]) if len(sizes) == 1 else \
                 f"{fmt_size(sizes[0])}..{fmt_size(sizes[-1])} ({len(sizes)})"
             o.add_row(*map(escape, (r["only_in"], r["benchmark"], str(r["world"]), sz, r["dtype"], r["variant"],
-                                    _params_text(r["params"]), r["stage"])))
+                                    r["placement"], _params_text(r["params"]), r["stage"])))
         console.print(o)
 
 

@@ -30,7 +30,8 @@ def _mem_available_nbytes() -> int | None:
     return None
 
 
-def _local_ranks(world: int) -> int:
+def local_ranks(world: int) -> int:
+    """Ranks of this launch on this host (the launcher says; a local launch has them all)."""
     import os
 
     for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
@@ -89,7 +90,7 @@ def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: 
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
         big = max(out, key=lambda r: r["mem_nbytes"])
-        local = min(_local_ranks(world), world)
+        local = min(local_ranks(world), world)
         if avail is not None and big["mem_nbytes"] * local > avail:
             p = big["point"]
             raise UsageError(

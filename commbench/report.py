@@ -48,22 +48,32 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     show_stage = any(r.get("stage") for r in rs)
     show_run = len({r.get("run") for r in rs}) > 1
     show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
+    show_place = len({r.get("placement") for r in rs}) > 1 or any(r.get("placement") == "in-place" for r in rs)
+    # GPU rows: the device time per operation (p50) and, beside it, what the host paid to
+    # enqueue one -- what an eager small-message workload pays.
+    show_host = any(_has(r.get("host_us_per_op")) for r in rs)
     note = b.formula or ("" if b.sized else "latency only")
+    sample = next((r.get("sample") for r in rs if r.get("sample")), None)
     t = table(f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
               f"{note}; time = slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+              + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
               + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
-    cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["params"] if show_params else []) \
-        + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] \
+    cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["placement"] if show_place else []) \
+        + (["params"] if show_params else []) \
+        + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)"] + (["host (us/op)"] if show_host else []) \
+        + ["algbw (GB/s)", "busbw (GB/s)"] \
         + (["bound (us)", "ceiling (GB/s)", "% line", "% achieved"] if show_ceiling else []) + ["check"]
     for c in cols:
-        t.add_column(c, justify="left" if c in ("run", "dtype", "params", "stage", "check") else "right",
+        t.add_column(c, justify="left" if c in ("run", "dtype", "placement", "params", "stage", "check") else "right",
                      no_wrap=c != "params")
     for r in rs:
         cells = ([str(r.get("run"))] if show_run else []) + [str(r["world"]), fmt_size(int(r["nbytes"])), r["dtype"]]
+        cells += [str(r.get("placement") or "-")] if show_place else []
         cells += [b.describe(r.get("params") or {})] if show_params else []
         cells += [str(r.get("stage") or "")] if show_stage else []
-        cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}",
-                  f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+        cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}"]
+        cells += [_num(r.get("host_us_per_op"), 2)] if show_host else []
+        cells += [f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
         if show_ceiling:
             cells += [_num(r.get("time_bound_us"), 2), _num(r.get("ceiling_gbps"), 1),
                       _num(r.get("pct_of_ceiling"), 1), _num(r.get("pct_of_achieved"), 1)]

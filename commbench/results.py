@@ -20,7 +20,10 @@ from pathlib import Path
 # migration per step, applied on read, so old run directories keep loading):
 #   1: `timing` held the clock (host_clock, cuda_event, ...).
 #   2: `timing` is the method (back_to_back | barrier); the clock moved to `clock`.
-SCHEMA_VERSION = 2
+#   3: `placement` (in-place | out-of-place) on collective rows, in the point key; an
+#      imported nccl-tests in-place half is variant default with placement in-place (it
+#      was variant "in-place").
+SCHEMA_VERSION = 3
 
 # The row schema: name -> what it holds. Benchmarks add their own fields after these
 # (moe's stage times, overlap's t_comm ...); these are what every row has.
@@ -34,6 +37,8 @@ ROW_SCHEMA: dict[str, str] = {
     "nbytes": "S, bytes as the benchmark defines it (README Formulas)",
     "dtype": "element type",
     "variant": "algorithm variant (default: the library's own choice)",
+    "placement": "in-place (the output buffer is the input) or out-of-place, as nccl-tests' two columns; "
+                 "None where it does not apply",
     "params": "benchmark parameters (a dict)",
     "stage": "timed stage of a multi-stage benchmark ('' for one)",
     "iters": "timed iterations",
@@ -87,9 +92,11 @@ def overall_status(variant_meta: dict) -> Status:
     return next((s for s in _WORST_FIRST if s in states), Status.COMPLETE)
 
 
-def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict, variant: str = "default") -> str:
+def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict, variant: str = "default",
+              placement: str | None = None) -> str:
     """What identifies a point across a run, its variants, its resumption and its imports."""
-    return f"{variant}|{benchmark}|{int(world)}|{int(nbytes)}|{dtype}|{json.dumps(params or {}, sort_keys=True)}"
+    key = f"{variant}|{benchmark}|{int(world)}|{int(nbytes)}|{dtype}|{json.dumps(params or {}, sort_keys=True)}"
+    return f"{key}|{placement}" if placement else key
 
 
 def params_dict(value) -> dict:
@@ -116,7 +123,32 @@ def _migrate_1(row: dict) -> dict:
     return row
 
 
-_MIGRATIONS = {1: _migrate_1}
+# Collectives that nccl-tests (and commbench) run in place or out of place.
+_PLACED = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "gather",
+           "scatter", "reduce", "all_gatherv", "all_to_allv")
+
+
+def placement_of(benchmark: str, in_place: bool = False) -> str | None:
+    """A collective's placement label (None: not such a collective)."""
+    if benchmark not in _PLACED:
+        return None
+    return "in-place" if in_place else "out-of-place"
+
+
+def _migrate_2(row: dict) -> dict:
+    bench, variant = row.get("benchmark"), row.get("variant") or "default"
+    if row.get("source"):  # imported: nccl-tests' in-place half was the variant
+        row["placement"] = placement_of(bench, in_place=variant == "in-place")
+        if variant == "in-place":
+            row["variant"] = "default"
+    else:  # a broadcast has one buffer; torch.distributed reduced in place
+        row["placement"] = placement_of(bench, in_place=bench == "broadcast" or (
+            bench == "all_reduce" and row.get("backend") in ("gloo", "nccl")))
+    row["point_key"] = None  # rebuilt with the placement
+    return row
+
+
+_MIGRATIONS = {1: _migrate_1, 2: _migrate_2}
 
 
 def normalize_row(row: dict) -> dict:
@@ -130,7 +162,7 @@ def normalize_row(row: dict) -> dict:
     row.setdefault("variant", "default")
     if not row.get("point_key") and {"benchmark", "world", "nbytes", "dtype"} <= set(row):
         row["point_key"] = point_key(row["benchmark"], row["world"], row["nbytes"], row["dtype"], row["params"],
-                                     row["variant"])
+                                     row["variant"], row.get("placement"))
     return row
 
 

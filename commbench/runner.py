@@ -28,6 +28,10 @@ def describe(point) -> str:
     return f"{point.benchmark} {what} world {point.world}"
 
 
+def describe_row(row: dict) -> str:
+    return f"{row['benchmark']} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} world {row.get('world')}"
+
+
 def clock_name(cuda_graph: bool, comm, op) -> str:
     """How a row's samples were clocked: the loop in C (mpi_timeloop) reads the same
     monotonic clock per iteration as the Python loop, and the row says which loop ran."""
@@ -90,7 +94,7 @@ class Harness:
         algbw, busbw = bandwidths_gbps(traffic.nbytes, stats["time_us_p50"], traffic.busbw_factor)
         frag = {"stage": stage, "iters": iters, "warmup": cfg.warmup, "timing": cfg.timing, **stats,
                 "algbw_gbps": algbw, "busbw_gbps": busbw, "busbw_factor": traffic.busbw_factor, **info}
-        if info.get("held") is False:
+        if info.get("held") is False and info.get("hold_method") != "none":
             # Never silently: a batch whose hold ended before the host finished enqueueing it
             # may hold host time.
             frag["warning"] = (f"{info.get('unheld_samples')} of {len(times)} samples were not covered by the "
@@ -105,7 +109,9 @@ class Harness:
         def timer(n):
             return comm.time_ops(op, n, barrier_each=self.barrier_each, **kw), None
         frag, _ = self._sample(comm, timer, traffic, stage)
-        return {**frag, "clock": clock_name(graph, comm, op)}
+        # A device backend names its clock per call (held batches or not); graphs and the
+        # compiled loop are named here.
+        return {**frag, "clock": clock_name(graph, comm, op) if graph or "clock" not in frag else frag["clock"]}
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
                    barrier_each: bool | None = None, after_each=None, hold: bool = False) -> tuple[dict, np.ndarray]:
@@ -132,7 +138,7 @@ class Harness:
         frag, lap_s = self._sample(comm, timer, traffic, stage)
         lap_s = comm.max_over_ranks(lap_s.ravel()).reshape(lap_s.shape) if lap_s.size else lap_s
         frag.update({f"stage_us_{name}": float(np.median(lap_s[:, i])) * 1e6 for i, name in enumerate(laps)})
-        frag["clock"] = comm.timing_method
+        frag.setdefault("clock", comm.timing_method)
         if barrier_each is not None:
             frag["timing"] = "barrier" if barrier else "back_to_back"
         return frag, lap_s
@@ -156,11 +162,12 @@ class Harness:
         import resource
 
         rss = float(comm.max_over_ranks(np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0]))[0])
+        placement = bench.placement(comm, point)
         base = {"schema": SCHEMA_VERSION,
                 "point_key": point_key(point.benchmark, point.world, point.nbytes, point.dtype, point.params,
-                                       self.variant.name),
+                                       self.variant.name, placement),
                 "benchmark": point.benchmark, "backend": comm.backend, "device": comm.device, "world": point.world,
-                "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name,
+                "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name, "placement": placement,
                 "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
         return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
 
@@ -283,6 +290,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
         launch.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
     world = backend.init(info)
+    world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s)
@@ -351,8 +359,8 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         for n in notes:
             print(f"note: {n}", flush=True)
     done = set(world.allgather_obj(sorted(done))[0])
-    ctx.todo = [p for p in points
-                if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name) not in done]
+    ctx.todo = [p for p in points if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
+                                               get(p.benchmark).placement(world, p)) not in done]
     if ctx.is_root and resume:
         print(f"resume: {len(points) - len(ctx.todo)} of {len(points)} points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
@@ -370,6 +378,7 @@ def sweep(ctx: RunContext) -> list[dict]:
             ctx.guard.arm(f"creating the world-{w} communicator")
             comm = ctx.backend.split(w)
             if comm is not None:
+                comm.in_place = ctx.cfg.in_place
                 comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
                 for point in (p for p in ctx.todo if p.world == w):
                     point_rows = harness.run_point(comm, point)
@@ -408,6 +417,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
 
         print_tables(rows)
         analysis_tables(rows)
+        for r in rows:
+            if r.get("warning"):
+                print(f"warning: {describe_row(r)}: {r['warning']}", file=sys.stderr, flush=True)
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)

@@ -138,6 +138,12 @@ class SuiteConfig:
                             "run ends", _positive("a number of seconds"))
     cuda_graph: bool = _key(False, "GPU: capture iterations in a CUDA graph and time its replay (hides launch "
                             "overhead)", _of(bool, "true or false"))
+    in_place: bool = _key(False, "nccl-tests' in-place column: all_reduce reduces its output buffer in place "
+                          "(default: out of place where the backend can; rows say which in `placement`)",
+                          _of(bool, "true or false"))
+    per_op_events: bool = _key(False, "GPU: an event pair around each operation inside the held batch, for tail "
+                               "studies (each pair costs 1-2 us of device time at the smallest sizes), instead of "
+                               "one pair around the batch", _of(bool, "true or false"))
     backend: str | None = _key(None, f"{', '.join(BACKENDS)} (default: nccl with a GPU, else mpi, else gloo: "
                                "the first that works here)", _choice(tuple(BACKENDS)))
     profile: str | None = _key(None, "hardware profile rows are compared with (built-in name or .toml path; "

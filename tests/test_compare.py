@@ -153,3 +153,22 @@ def test_compare_paths_exit_status(tmp_path):
     out = tmp_path / "cmp.csv"
     compare_paths([str(a)], [str(b)], console=con, csv_out=out)
     assert set(pd.read_csv(out)["verdict"]) == {"slower"}
+
+
+def test_in_place_and_out_of_place_are_never_compared_with_each_other():
+    """An imported nccl-tests file holds both columns; a torch run's all_reduce is in place:
+    each commbench row meets only the import's row of its own placement."""
+    from pathlib import Path
+
+    from commbench.importers import import_file
+
+    fix = Path(__file__).parent / "fixtures" / "nccl_all_reduce_8gpu.txt"
+    imported, _ = import_file(fix)
+    base = pd.DataFrame(imported).assign(run="nccl-tests")
+    big = 128 << 20
+    ours = [{**_row(big, 700.0, world=8, run="cb"), "backend": "nccl", "placement": "in-place"}]
+    res = compare_runs(base, pd.DataFrame(ours))
+    got = res[(res.nbytes == big) & (res.only_in == "")]
+    assert len(got) == 1 and got.iloc[0]["placement"] == "in-place"
+    assert got.iloc[0]["base_p50_us"] == 649.80  # the import's in-place half, not its out-of-place 651.40
+    assert set(res[(res.nbytes == big) & (res.only_in == "base")]["placement"]) == {"out-of-place"}

@@ -29,9 +29,11 @@ CASES = [
 ]
 
 
-def _by(rows, nbytes, variant="default"):
-    hit = [r for r in rows if r["nbytes"] == nbytes and r["variant"] == variant]
-    assert len(hit) == 1, (nbytes, variant, len(hit))
+def _by(rows, nbytes, placement=None):
+    """The row of that size: in-place, or the other one (out-of-place, or no placement)."""
+    hit = [r for r in rows if r["nbytes"] == nbytes and (r["placement"] == "in-place") == (placement == "in-place")]
+    assert len(hit) == 1, (nbytes, placement, len(hit))
+    assert hit[0]["variant"] == "default"
     return hit[0]
 
 
@@ -70,7 +72,8 @@ def test_nccl_all_reduce_stdout():
     assert meta["versions"] == {"nccl-tests": "2.19.0", "nccl": "2.28.3"}
     assert meta["tool_settings"]["iters"] == 20
     only_oop, _ = import_file(FIX / "nccl_all_reduce_8gpu.txt", in_place=False)
-    assert len(only_oop) == 9 and {r["variant"] for r in only_oop} == {"default"}
+    assert len(only_oop) == 9 and {r["placement"] for r in only_oop} == {"out-of-place"}
+    assert {r["variant"] for r in rows} == {"default"} and len({r["point_key"] for r in rows}) == len(rows)
 
 
 def test_nccl_per_iteration_columns():
@@ -99,8 +102,8 @@ def test_nccl_alltoall_na_and_log_noise():
     rows, meta = import_file(FIX / "nccl_alltoall_8gpu.txt")
     assert min(r["nbytes"] for r in rows) == 512  # the 0-byte line is skipped, and said so
     assert any("size-0" in n for n in meta["import_notes"])
-    assert {r["check"] for r in rows if r["variant"] == "default"} == {"ok"}
-    assert {r["check"] for r in rows if r["variant"] == "in-place"} == {"skipped"}  # #wrong N/A
+    assert {r["check"] for r in rows if r["placement"] == "out-of-place"} == {"ok"}
+    assert {r["check"] for r in rows if r["placement"] == "in-place"} == {"skipped"}  # #wrong N/A
     assert _by(rows, 128 << 20)["busbw_gbps"] == 164.81
     assert meta["versions"]["nccl"] == "2.28.3"
 
@@ -112,7 +115,7 @@ def test_nccl_json():
     assert meta["env"] == {"NCCL_DEBUG": "WARN", "NCCL_ALGO": "Ring"}
     assert meta["command"][0].endswith("reduce_scatter_perf")
     assert meta["tool_settings"]["per_iter_timing"] is True  # "true" string -> bool
-    assert [r["variant"] for r in rows if r["nbytes"] == 64] == ["default"]  # in_place null
+    assert [r["placement"] for r in rows if r["nbytes"] == 64] == ["out-of-place"]  # in_place null
     r = _by(rows, 16777216 * 8)
     res = doc["results"][3]
     it = sorted(res["out_of_place_per_iter"]["times_us"])

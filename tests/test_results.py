@@ -30,7 +30,26 @@ def test_schema_1_row_migrates():
     assert row["schema"] == SCHEMA_VERSION
     assert (row["clock"], row["timing"]) == ("host_clock", "back_to_back")
     assert row["params"] == {} and row["variant"] == "default"
-    assert row["point_key"] == point_key("all_reduce", 2, 8, "float32", {})
+    assert row["placement"] == "out-of-place"
+    assert row["point_key"] == point_key("all_reduce", 2, 8, "float32", {}, "default", "out-of-place")
+
+
+@pytest.mark.parametrize("row,placement,variant", [
+    ({"backend": "gloo", "benchmark": "all_reduce"}, "in-place", "default"),   # torch reduced in place
+    ({"backend": "nccl", "benchmark": "all_reduce"}, "in-place", "default"),
+    ({"backend": "mpi", "benchmark": "all_reduce"}, "out-of-place", "default"),
+    ({"backend": "mpi", "benchmark": "broadcast"}, "in-place", "default"),
+    ({"backend": "mpi", "benchmark": "moe"}, None, "default"),
+    # an imported nccl-tests in-place half was variant "in-place"
+    ({"backend": "nccl", "benchmark": "all_gather", "source": "nccl-tests", "variant": "in-place"}, "in-place",
+     "default"),
+    ({"backend": "nccl", "benchmark": "all_reduce", "source": "nccl-tests"}, "out-of-place", "default"),
+])
+def test_schema_2_rows_get_their_placement(row, placement, variant):
+    old = {"schema": 2, "world": 2, "nbytes": 8, "dtype": "float32", "params": {}, "point_key": "old", **row}
+    new = normalize_row(old)
+    assert (new["placement"], new["variant"], new["schema"]) == (placement, variant, SCHEMA_VERSION)
+    assert new["point_key"] == point_key(row["benchmark"], 2, 8, "float32", {}, variant, placement)
 
 
 def test_read_rows_drops_torn_and_non_row_lines(tmp_path):

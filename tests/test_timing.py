@@ -267,7 +267,7 @@ def fake_cuda_comm(clock):
     comm.torch, comm.timing_method = torch, "cuda_event"
     comm.dist = types.SimpleNamespace(barrier=lambda group=None: clock.log.append("barrier"))
     comm.graph_ops_per_replay, comm.last_ops_per_replay, comm._warm_stream = None, None, None
-    comm._batch_for, comm._batch_ops, comm.host_group, comm.last_timing = None, 1, None, {}
+    comm._batch_for, comm._op_s, comm.host_group, comm.last_timing = None, float("nan"), None, {}
 
     class LoggedHold(timing.Hold):
         def release(self):
@@ -318,10 +318,11 @@ def test_torchcomm_cuda_paths_with_fake_torch():
     clock.log.clear()
     t = comm.time_ops(collective(5e-6), 6, barrier_each=True, cuda_graph=True)
     np.testing.assert_allclose(t, 5e-6)
-    assert comm.last_ops_per_replay == 40  # ceil(200 us / 5 us)
+    assert comm.last_ops_per_replay == 40  # ceil(200 us / 5 us of device time, from a held batch)
     assert state.modes == ["thread_local"]
     i = clock.log.index("capture")
-    assert clock.log[:i] == ["op@side"] * 3 + ["sync"]  # warm-up off the default stream
+    # sized by one held batch of 10, then warm-up off the default stream, then the capture
+    assert clock.log[:i] == ["hold"] + ["op@default"] * 10 + ["release", "sync"] + ["op@side"] * 3 + ["sync"]
     assert clock.log[i + 1:i + 41] == ["captured"] * 40
     # the upload replay, then each timed replay held while it is enqueued
     assert clock.log[i + 41:] == ["replay"] + ["hold", "replay", "release"] * 6 + ["sync"]
@@ -449,9 +450,13 @@ def test_nccl_world1_cuda_graph_beats_events_on_small_messages(tmp_path):
         assert cp.returncode == 0, cp.stderr
         rows[name] = {r["nbytes"]: r for r in map(json.loads, (tmp_path / name / "rows.jsonl").read_text().splitlines())}
     assert {r["clock"] for r in rows["graph"].values()} == {"cuda_graph"}
-    assert {r["clock"] for r in rows["events"].values()} == {"cuda_event"}
+    assert {r["clock"] for r in rows["events"].values()} == {"cuda_event_held"}
+    assert all(r["held"] and r["host_us_per_op"] > 0 for r in rows["events"].values())
     assert all(r["check"] in ("ok", "skipped") for d in rows.values() for r in d.values())
-    assert rows["graph"][8]["time_us_p50"] < rows["events"][8]["time_us_p50"]
+    # Both are device time now: the graph drops the per-op launch, held batches their host cost;
+    # each well below the host's launch cost per call.
+    assert rows["graph"][8]["time_us_p50"] < rows["events"][8]["host_us_per_op"]
+    assert rows["events"][8]["time_us_p50"] < rows["events"][8]["host_us_per_op"]
 
 
 @needs_gpu
@@ -459,3 +464,22 @@ def test_hbm_probe_on_gpu():
     from commbench.gpuprobe import hbm_copy_gbps
 
     assert hbm_copy_gbps(64 << 20, 5) > 10.0
+
+
+def test_gpu_check_judges_against_the_nccl_tests_figures():
+    gc = _load_gpu_check()
+    ref = gc.REF_ALL_REDUCE
+    fig = lambda f: {"all_reduce": {n: (f(n, r), None, None) for n, r in ref.items()}}  # noqa: E731
+    data = {"nccl-held": fig(lambda n, r: 1.5 * r[2] if n <= 256 << 10 else r[0] * 1.01),
+            "nccl-in-place": fig(lambda n, r: 0.05),
+            "nccl-graph": fig(lambda n, r: (r[2] or 30.0) * 1.1)}
+    got = dict((t.split(":")[0], v) for t, v in gc.reference_lines(data))
+    assert got["held out-of-place all_reduce 8 B-256 KiB"] == "PASS"
+    assert got["held in-place all_reduce"] == "PASS"
+    assert got["held all_reduce 16 MiB"] == "PASS" and got["held all_reduce 64 MiB"] == "PASS"
+    assert got["--cuda-graph out-of-place"] == "PASS"
+    data["nccl-held"] = fig(lambda n, r: 3 * r[2] if n <= 256 << 10 else r[0] * 1.2)
+    data["nccl-graph"] = fig(lambda n, r: (r[2] or 30.0) * 2)
+    got = dict((t.split(":")[0], v) for t, v in gc.reference_lines(data))
+    assert got["held out-of-place all_reduce 8 B-256 KiB"] == "MISS" and got["held all_reduce 16 MiB"] == "MISS"
+    assert got["--cuda-graph out-of-place"] == "MISS"

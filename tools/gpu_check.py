@@ -5,15 +5,24 @@ Steps, each a subprocess (the real CLI where it is a commbench run), each report
 PASS, SKIP (with why) or FAIL (with a one-line reason) without stopping the others:
 
   list          `commbench list`: which benchmarks and backends this build has
-  nccl-events   nccl world 1, CUDA-event timing, 5 collectives, 8 B .. 64 MiB
-  nccl-graph    the same with --cuda-graph (graph replays: small messages lose the launch)
-  mpi-cupy      backend mpi with cupy buffers (CUDA-aware MPI), world 1, CUDA events
+  nccl-held     nccl world 1, the default timing (held batches: device time only), 5
+                collectives, 8 B .. 64 MiB; all_reduce out of place (cupy's NCCL)
+  nccl-in-place the in-place all_reduce (torch.distributed's own)
+  nccl-unheld   COMMBENCH_NO_HOLD=1: events on an idle stream, the host's launch cost inside
+  nccl-per-op   --per-op-events: an event pair per operation inside held batches
+  nccl-graph    --cuda-graph, held replays, out of place and in place
+  host-loop     torch.distributed's host cost per call by a perf_counter loop, beside the
+                rows' host_us_per_op
+  refusals      two ranks on one GPU; CUDA buffers on a non-CUDA-aware MPI: one line, exit 2
+  mpi-cupy      backend mpi with cupy buffers, when the MPI is CUDA-aware
+  inswitch      the inswitch suite on nccl (its baseline is nccl-ring there)
+  moe           moe at world 1 on nccl, checks on
   overlap       the overlap benchmark (collective beside a GPU matrix multiply), if built
   hbm           device-to-device copy bandwidth (commbench.gpuprobe) beside h200-hgx's HBM
 
-Then a table: the 8 B all_reduce p50 of events vs graph (the graph's should be lower),
-the 64 MiB p50 and busbw of every collective, and the HBM figures. Each step's output is
-kept in DIR/<step>.log, each run in DIR/<step>/, the summary in DIR/summary.json.
+Then the figures beside nccl-tests' on the same H200 (shared/reference/gpu-h200.md), as
+ratios, with the targets they must meet. Each step's output is kept in DIR/<step>.log,
+each run in DIR/<step>/, the summary in DIR/summary.json.
 
 Usage: python tools/gpu_check.py [--out DIR] [--step-timeout S]
        (DIR defaults to results/gpu-check-<stamp>)
@@ -41,6 +50,14 @@ BENCHES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcas
 SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 BIG = 64 << 20
 
+# nccl-tests 2.19.6 on one H200, world 1, float sum (shared/reference/gpu-h200.md), us:
+# all_reduce per size: (eager out-of-place, eager in-place, -G out-of-place, -G in-place).
+REF_ALL_REDUCE = {8: (4.64, 0.22, 0.98, 0.02), 64: (4.62, 0.22, 1.13, 0.01), 512: (4.38, 0.22, 1.27, 0.01),
+                  4 << 10: (4.55, 0.21, 1.25, 0.01), 32 << 10: (4.48, 0.20, 1.36, 0.01),
+                  256 << 10: (4.51, 0.28, 1.44, 0.01), 2 << 20: (4.62, 0.24, 3.03, 0.01),
+                  16 << 20: (11.10, 0.22, 10.00, 0.01), 64 << 20: (34.88, 0.43, None, None)}
+REF_HOST_US = (22.0, 29.0)  # torch.distributed's host cost per call there (perf_counter loop)
+
 
 class Skip(Exception):
     """A step that cannot run here, and why."""
@@ -56,9 +73,9 @@ def one_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def run_cmd(argv: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+def run_cmd(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run in its own session (mpirun's ranks die with it on a timeout), output to `log`."""
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.pop("COMMBENCH_TTY", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -151,11 +168,12 @@ class Check:
         nccl = [ln.strip() for ln in cp.stdout.splitlines() if ln.strip().startswith("nccl ")]
         return f"{len(names)} benchmarks; {nccl[0] if nccl else 'nccl not listed'}"
 
-    def _run(self, name: str, extra: list[str], want_clock: str | None, backend: str = "nccl") -> dict:
+    def _run(self, name: str, extra: list[str], want_clock: str | None, backend: str = "nccl",
+             benches: list[str] | None = None, env: dict | None = None) -> dict:
         run_dir = self.out / name
-        cp = run_cmd(self.cli("run", "quick", "--np", "1", "--backend", backend, "-b", ",".join(BENCHES),
+        cp = run_cmd(self.cli("run", "quick", "--np", "1", "--backend", backend, "-b", ",".join(benches or BENCHES),
                               "--worlds", "1", "--sizes", SIZES, "--out", str(run_dir), *extra),
-                     self.out / f"{name}.log", self.timeout)
+                     self.out / f"{name}.log", self.timeout, env=env)
         if cp.returncode:
             raise Failed(exit_reason(cp))
         rows = read_rows(run_dir)
@@ -169,17 +187,93 @@ class Check:
         big = fig.get("all_reduce", {}).get(BIG, (None, None))
         return f"all_reduce 8 B p50 {fmt_us(small)}; 64 MiB p50 {fmt_us(big[0])}, algbw {fmt_gbps(big[1])}"
 
-    def step_nccl_events(self) -> str:
-        return self._summary(self._run("nccl-events", [], "cuda_event"))
+    def step_nccl_held(self) -> str:
+        fig = self._run("nccl-held", [], "cuda_event_held")
+        return self._summary(fig) + self._host_text("nccl-held")
+
+    def step_nccl_in_place(self) -> str:
+        fig = self._run("nccl-in-place", ["--in-place"], "cuda_event_held", benches=["all_reduce"])
+        return self._summary(fig)
+
+    def step_nccl_unheld(self) -> str:
+        fig = self._run("nccl-unheld", [], "cuda_event", benches=["all_reduce", "all_gather"],
+                        env={"COMMBENCH_NO_HOLD": "1"})
+        held = self.data.get("nccl-held", {}).get("all_reduce", {}).get(8, (None,))[0]
+        text = self._summary(fig)
+        un = fig.get("all_reduce", {}).get(8, (None,))[0]
+        if held and un:
+            text += f"; 8 B unheld/held {un / held:.1f}x"
+        return text
+
+    def step_nccl_per_op(self) -> str:
+        return self._summary(self._run("nccl-per-op", ["--per-op-events"], "cuda_event_held",
+                                       benches=["all_reduce", "all_gather"]))
 
     def step_nccl_graph(self) -> str:
         fig = self._run("nccl-graph", ["--cuda-graph"], "cuda_graph")
-        text = self._summary(fig)
-        ev = self.data.get("nccl-events", {}).get("all_reduce", {}).get(8, (None,))[0]
-        gr = fig.get("all_reduce", {}).get(8, (None,))[0]
-        if ev is not None and gr is not None:
-            text += f"; 8 B graph/events {gr / ev:.2f}x" + ("" if gr < ev else " (NOT lower: look)")
-        return text
+        self._run("nccl-graph-in-place", ["--cuda-graph", "--in-place"], "cuda_graph", benches=["all_reduce"])
+        return self._summary(fig)
+
+    def step_host_loop(self) -> str:
+        code = ("import os, time, torch, torch.distributed as dist; os.environ.setdefault('MASTER_ADDR', '127.0.0.1'); "
+                "os.environ.setdefault('MASTER_PORT', '29555'); torch.cuda.set_device(0); "
+                "dist.init_process_group('nccl', rank=0, world_size=1, device_id=torch.device('cuda', 0)); "
+                "x = torch.zeros(2, device='cuda'); [dist.all_reduce(x) for _ in range(50)]; torch.cuda.synchronize(); "
+                "t0 = time.perf_counter(); [dist.all_reduce(x) for _ in range(500)]; t1 = time.perf_counter(); "
+                "torch.cuda.synchronize(); print((t1 - t0) / 500 * 1e6); dist.destroy_process_group()")
+        cp = run_cmd([sys.executable, "-c", code], self.out / "host-loop.log", self.timeout)
+        if cp.returncode:
+            raise Failed(exit_reason(cp))
+        loop = float(cp.stdout.strip().splitlines()[-1])
+        self.data["host-loop"] = {"perf_counter_us_per_call": loop}
+        return f"perf_counter loop {loop:.1f} us a call" + self._host_text("nccl-in-place")
+
+    def _host_text(self, run: str) -> str:
+        rows = read_rows(self.out / run)
+        host = sorted(r["host_us_per_op"] for r in rows if r.get("host_us_per_op") is not None
+                      and r.get("benchmark") == "all_reduce")
+        return f"; rows' host_us_per_op (all_reduce) {host[0]:.1f}-{host[-1]:.1f} us" if host else ""
+
+    def step_refusals(self) -> str:
+        said = []
+        cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "nccl", "-b", "all_reduce", "--sizes", "8"),
+                     self.out / "refusal-two-ranks.log", self.timeout)
+        lines = (cp.stderr or "").strip().splitlines()
+        if cp.returncode != 2 or len(lines) != 1:
+            raise Failed(f"two ranks on one GPU: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
+        said.append(lines[0][-70:])
+        cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "mpi", "--device", "cuda", "-b", "all_reduce",
+                              "--sizes", "8"), self.out / "refusal-mpi-cuda.log", self.timeout)
+        lines = (cp.stderr or "").strip().splitlines()
+        if cp.returncode == 0:
+            said.append("mpi+cuda ran: this MPI says it is CUDA-aware")
+        elif cp.returncode != 2 or len(lines) != 1:
+            raise Failed(f"mpi+cuda: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
+        else:
+            said.append(lines[0][-70:])
+        return " | ".join(said)
+
+    def step_inswitch(self) -> str:
+        run_dir = self.out / "inswitch"
+        cp = run_cmd(self.cli("run", "inswitch", "--np", "1", "--backend", "nccl", "--worlds", "1", "--sizes",
+                              "8,1M,64M", "--out", str(run_dir)), self.out / "inswitch.log", self.timeout * 2)
+        if cp.returncode:
+            raise Failed(exit_reason(cp))
+        rows = read_rows(run_dir)
+        check_rows(rows, None)
+        return f"{len(rows)} rows, variants {', '.join(sorted({r.get('variant') for r in rows}))}"
+
+    def step_moe(self) -> str:
+        run_dir = self.out / "moe"
+        cp = run_cmd(self.cli("run", "moe", "--np", "1", "--backend", "nccl", "--worlds", "1", "--check",
+                              "--param", "tokens=512", "--out", str(run_dir)), self.out / "moe.log", self.timeout)
+        if cp.returncode == 2 and "CPU backends" in cp.stderr:
+            raise Skip(one_line(cp.stderr))
+        if cp.returncode:
+            raise Failed(exit_reason(cp))
+        rows = read_rows(run_dir)
+        check_rows(rows, None)
+        return "; ".join(f"{r.get('stage')} {fmt_us(r.get('time_us_p50'))}" for r in rows)
 
     def step_mpi_cupy(self) -> str:
         import importlib.util
@@ -188,6 +282,12 @@ class Check:
                          ("mpi4py", "mpi4py is not importable")):
             if importlib.util.find_spec(mod) is None:
                 raise Skip(why)
+        sys.path.insert(0, str(ROOT))
+        from commbench.backends.gpus import mpi_cuda_support
+
+        aware, how = mpi_cuda_support(os.path.dirname(sys.executable))
+        if not aware:
+            raise Skip(f"this MPI is not CUDA-aware ({how}): the refusal is checked in `refusals`")
         # --np 1: commbench starts the rank under mpirun itself (launch.mpirun_command).
         return self._summary(self._run("mpi-cupy", ["--device", "cuda"], "cuda_event", backend="mpi"))
 
@@ -241,19 +341,55 @@ def run_steps(steps) -> list[tuple[str, str, str]]:
     return results
 
 
+def p50(data: dict, run: str, bench: str, nbytes: int):
+    return data.get(run, {}).get(bench, {}).get(nbytes, (None,))[0]
+
+
+def reference_lines(data: dict) -> list[tuple[str, str]]:
+    """(line, verdict) for each target of the GPU timing against nccl-tests' figures."""
+    out = []
+
+    def judge(text, ok):
+        out.append((text, "n/a" if ok is None else ("PASS" if ok else "MISS")))
+    small = [n for n in REF_ALL_REDUCE if n <= 256 << 10]
+    rat = [p50(data, "nccl-held", "all_reduce", n) for n in small]
+    if all(r is not None for r in rat):
+        worst = max(r / REF_ALL_REDUCE[n][2] for r, n in zip(rat, small))
+        judge(f"held out-of-place all_reduce 8 B-256 KiB: worst {worst:.2f}x nccl-tests -G (target <= 2x)", worst <= 2)
+    ip = [p50(data, "nccl-in-place", "all_reduce", n) for n in REF_ALL_REDUCE]
+    if all(r is not None for r in ip):
+        judge(f"held in-place all_reduce: max {max(ip):.2f} us (target < 1 us)", max(ip) < 1.0)
+    for n in (16 << 20, 64 << 20):
+        r = p50(data, "nccl-held", "all_reduce", n)
+        if r is not None:
+            ref = REF_ALL_REDUCE[n][0]
+            judge(f"held all_reduce {n >> 20} MiB: {r:.2f} us vs {ref} ({r / ref - 1:+.1%}, target within 5 %)",
+                  abs(r / ref - 1) <= 0.05)
+    # In place the -G reference is ~0.01 us (a no-op at world 1): shown, not judged as a ratio.
+    ratios = [p50(data, "nccl-graph", "all_reduce", n) / ref[2] for n, ref in REF_ALL_REDUCE.items()
+              if ref[2] and p50(data, "nccl-graph", "all_reduce", n) is not None]
+    if ratios:
+        judge(f"--cuda-graph out-of-place: worst {max(ratios):.2f}x nccl-tests -G (target <= 1.25x)", max(ratios) <= 1.25)
+    host = data.get("host-loop", {}).get("perf_counter_us_per_call")
+    if host is not None:
+        judge(f"host cost: perf_counter loop {host:.1f} us a call (reference {REF_HOST_US[0]:g}-{REF_HOST_US[1]:g})",
+              None)
+    return out
+
+
 def print_figures(data: dict) -> None:
-    runs = [r for r in ("nccl-events", "nccl-graph", "mpi-cupy") if r in data]
+    runs = [r for r in ("nccl-held", "nccl-in-place", "nccl-unheld", "nccl-per-op", "nccl-graph",
+                        "nccl-graph-in-place") if r in data]
     if not runs:
         return
-    print(f"\n{'world 1: p50 (and algbw)':28s}" + "".join(f"{r:>26s}" for r in runs))
-    for b in BENCHES:
-        for nbytes, label in ((8, "8 B"), (BIG, "64 MiB")):
-            cells = []
-            for r in runs:
-                p50, algbw, _ = data[r].get(b, {}).get(nbytes, (None, None, None))
-                cells.append(fmt_us(p50) if nbytes == 8 else f"{fmt_us(p50)} {fmt_gbps(algbw)}")
-            print(f"  {b:15s} {label:>8s}  " + "".join(f"{c:>26s}" for c in cells))
-    print("  (world 1: algbw = bytes / time; busbw is 0 for most collectives at one rank)")
+    print("\nall_reduce p50 (us), world 1, beside nccl-tests on one H200 (eager oop / in-place, -G oop / in-place)")
+    print(f"{'size':>8s}" + "".join(f"{r:>20s}" for r in runs) + f"{'nccl-tests':>30s}")
+    for n, ref in REF_ALL_REDUCE.items():
+        cells = [p50(data, r, "all_reduce", n) for r in runs]
+        print(f"{n:>8d}" + "".join(f"{'-' if c is None else f'{c:.2f}':>20s}" for c in cells)
+              + f"{' / '.join('-' if x is None else f'{x:g}' for x in ref):>30s}")
+    for text, verdict in reference_lines(data):
+        print(f"  {verdict:4s} {text}")
 
 
 def cuda_available() -> bool:
@@ -276,8 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     chk = Check(out, args.step_timeout)
     print(f"gpu check: {out}", flush=True)
-    results = run_steps([("list", chk.step_list), ("nccl-events", chk.step_nccl_events),
-                         ("nccl-graph", chk.step_nccl_graph), ("mpi-cupy", chk.step_mpi_cupy),
+    results = run_steps([("list", chk.step_list), ("nccl-held", chk.step_nccl_held),
+                         ("nccl-in-place", chk.step_nccl_in_place), ("nccl-unheld", chk.step_nccl_unheld),
+                         ("nccl-per-op", chk.step_nccl_per_op), ("nccl-graph", chk.step_nccl_graph),
+                         ("host-loop", chk.step_host_loop), ("refusals", chk.step_refusals),
+                         ("mpi-cupy", chk.step_mpi_cupy), ("inswitch", chk.step_inswitch), ("moe", chk.step_moe),
                          ("overlap", chk.step_overlap), ("hbm", chk.step_hbm)])
     print_figures(chk.data)
     failed = [n for n, s, _ in results if s == "FAIL"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 
 from ..errors import UsageError
 
@@ -27,12 +26,9 @@ BACKEND_DTYPES = {
 
 def gpu_visible() -> bool:
     """A CUDA GPU is present, judged without importing torch or cupy."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
+    from .gpus import visible_gpus
+
+    return visible_gpus() > 0
 
 
 # What a pip user installs for a backend (the extras of pyproject.toml).

@@ -77,6 +77,14 @@ class Comm:
     backend: str = ""
     device: str = "cpu"
     timing_method = "host_clock"
+    # The run asks for nccl-tests' in-place column (suite key in_place): the output buffer
+    # is the input.
+    in_place: bool = False
+
+    def out_of_place_all_reduce(self, dtype: str) -> bool:
+        """Can this backend reduce into a buffer other than its input? (MPI can; torch's
+        all_reduce only works in place.)"""
+        return True
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -97,7 +105,9 @@ class Comm:
         raise NotImplementedError
 
     # --- prepared operations ----------------------------------------------------
-    def all_reduce(self, send, recv) -> Op: raise NotImplementedError
+    def all_reduce(self, send, recv, in_place: bool = False) -> Op:
+        """in_place: reduce recv in place (send unused)."""
+        raise NotImplementedError
     def reduce_scatter(self, send, recv) -> Op: raise NotImplementedError
     def all_gather(self, send, recv) -> Op: raise NotImplementedError
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None) -> Op: raise NotImplementedError
@@ -164,12 +174,13 @@ class Comm:
         return times
 
     def time_steps(self, step: Callable[[Callable[[], None]], None], iters: int, nlaps: int,
-                   barrier_each: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                   barrier_each: bool = False, hold: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The multi-stage form of time_ops: step(lap) runs one iteration and calls lap()
         after each of its first nlaps stages (moe: layout, counts, pack, a2a; overlap: the
         buckets started, the compute). Returns per-iteration seconds (iters,) and each
-        stage's seconds (iters, nlaps), from one clock read per lap. The host clock here; a
-        device backend brackets the same laps with events on its stream."""
+        stage's seconds (iters, nlaps), from one clock read per lap. The host clock here (hold
+        means nothing to it); a device backend brackets the same laps with events on its
+        stream, behind a hold when asked."""
         marks = np.empty((iters, nlaps + 2), dtype=np.float64)
         clock = time.perf_counter
         barrier = self.barrier_op() if barrier_each else None

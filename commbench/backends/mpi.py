@@ -143,7 +143,9 @@ class MpiComm(Comm):
 
         return mpi_timeloop.attach(op, self.MPI, self.c, kind, send, recv, scount, rcount, mpi_op, arg)
 
-    def all_reduce(self, send, recv):
+    def all_reduce(self, send, recv, in_place=False):
+        if in_place:  # MPI_IN_PLACE: the Python loop times it (the compiled loop takes two buffers)
+            return self._wrap(functools.partial(self.c.Allreduce, self.MPI.IN_PLACE, self._spec(recv), self.MPI.SUM))
         return self._compiled(
             self._wrap(functools.partial(self.c.Allreduce, self._spec(send), self._spec(recv), self.MPI.SUM)),
             "allreduce", send, recv, send.size, recv.size, self.MPI.SUM)
@@ -225,9 +227,9 @@ class MpiComm(Comm):
         return time_with_events(op, iters, cuda.Event, cuda.get_current_stream().synchronize,
                                 between=self.c.Barrier if barrier_each else None, elapsed=cuda.get_elapsed_time)
 
-    def time_steps(self, step, iters, nlaps, barrier_each=False):
+    def time_steps(self, step, iters, nlaps, barrier_each=False, hold=False):
         """cupy buffers: the laps as cupy events on the current stream (time_ops' caveat:
-        the blocking MPI calls' host time is inside them)."""
+        the blocking MPI calls' host time is inside them, and no hold can cover them)."""
         if self.xp is None:
             return super().time_steps(step, iters, nlaps, barrier_each)
         from ..timing import time_steps_with_events

@@ -9,8 +9,13 @@ from datetime import timedelta
 import numpy as np
 
 from ..errors import UsageError
-from ..timing import choose_ops_per_batch, time_held, time_with_graph
+from ..timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
 from .base import Comm, Handle
+
+
+# commbench dtype -> cupy.cuda.nccl's name for it.
+_NCCL_TYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",
+               "int32": "NCCL_INT32"}
 
 
 class TorchComm(Comm):
@@ -34,14 +39,16 @@ class TorchComm(Comm):
         self.graph_ops_per_replay: int | None = None
         self.last_ops_per_replay: int | None = None
         self._warm_stream = None
-        # Held-batch timing (CUDA): the hold factory, made on first use; the ops per batch of
-        # the op last sized; the gloo group the ranks meet on before a release.
+        # Held-batch timing (CUDA): the hold factory, made on first use; the device time of the
+        # op last sized; the gloo group the ranks meet on before a release.
         self._hold_factory, self._hold_method = None, None
-        self._batch_for, self._batch_ops = None, 1
+        self._batch_for, self._op_s = None, float("nan")
         self.host_group = host_group
         self.last_timing: dict = {}
         self._dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                         "int32": torch.int32, "float64": torch.float64, "uint8": torch.uint8}
+        self._names = {t: n for n, t in self._dtypes.items()}
+        self._nccl = None  # cupy's NCCL communicator (out-of-place all_reduce), made on first use
         # all_gather_single replaces all_gather_into_tensor in newer torch.
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -66,9 +73,38 @@ class TorchComm(Comm):
         return buf.numpy()
 
     # --- prepared operations ----------------------------------------------------
-    def all_reduce(self, send, recv):
-        # torch has no out-of-place all_reduce: reduce recv in place (benchmarks fill it
-        # with the input), as nccl-tests' in-place column does.
+    def out_of_place_all_reduce(self, dtype: str) -> bool:
+        """torch.distributed reduces in place only; on CUDA, cupy.cuda.nccl drives the same
+        NCCL with the out-of-place call (COMMBENCH_CUPY_NCCL=0 turns that off)."""
+        if self.device != "cuda" or self.symm_mem or os.environ.get("COMMBENCH_CUPY_NCCL") == "0":
+            return False
+        try:
+            from cupy.cuda import nccl
+        except Exception:  # noqa: BLE001 (no cupy, or a cupy without NCCL: in place it is)
+            return False
+        return getattr(nccl, _NCCL_TYPES.get(dtype, ""), None) is not None
+
+    def _cupy_nccl(self):
+        """One cupy NcclCommunicator over this group's ranks (created collectively, on the
+        first out-of-place all_reduce of the group)."""
+        if self._nccl is None:
+            from cupy.cuda import nccl
+
+            uid = self.allgather_obj(nccl.get_unique_id() if self.rank == 0 else None)[0]
+            self._nccl = (nccl, nccl.NcclCommunicator(self.size, uid, self.rank))
+        return self._nccl
+
+    def all_reduce(self, send, recv, in_place=False):
+        if not in_place and self.out_of_place_all_reduce(self._names.get(recv.dtype, "")):
+            nccl, comm = self._cupy_nccl()
+            dtype = getattr(nccl, _NCCL_TYPES[self._names[recv.dtype]])
+            s_ptr, r_ptr, count, current = send.data_ptr(), recv.data_ptr(), send.numel(), self.torch.cuda.current_stream
+
+            def run():  # the stream is read at each call: a graph capture changes it
+                comm.allReduce(s_ptr, r_ptr, count, dtype, nccl.NCCL_SUM, current().cuda_stream)
+            return run
+        # torch.distributed's all_reduce reduces recv in place (AllReduce fills it with the
+        # input), nccl-tests' in-place column.
         if self.symm_mem:
             import torch.distributed._symmetric_memory as symm_mem
 
@@ -138,10 +174,11 @@ class TorchComm(Comm):
         holds = self._holds()
         if not cuda_graph:
             self.last_ops_per_replay = None
-            n = 1 if barrier_each or per_op_events else self._ops_per_batch(op)
+            n = 1 if barrier_each or per_op_events else choose_ops_per_batch(self._device_op_s(op))
             r = time_held(op, iters, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
                           per_op=per_op_events)
-            self.last_timing = {**r.info(), "hold_method": self._hold_method}
+            self.last_timing = {**r.info(), "hold_method": self._hold_method,
+                                "clock": "cuda_event_held" if self._hold_method != "none" else "cuda_event"}
             return r.samples_s
         info: dict = {}
         held: list = []
@@ -150,7 +187,10 @@ class TorchComm(Comm):
             res = time_held(replay, n, 1, holds, self._event, torch.cuda.synchronize, meet=self._meet)
             held.append(res)
             return res.samples_s
-        times = time_with_graph(op, iters, self.graph_ops_per_replay, self._capture, self._replay, self._event,
+        # Operations per replay from the op's device time (a held batch), not from eager events,
+        # which read the host's launch cost and would make replays too short for their pair.
+        per_replay = self.graph_ops_per_replay or choose_ops_per_replay(self._device_op_s(op))
+        times = time_with_graph(op, iters, per_replay, self._capture, self._replay, self._event,
                                 torch.cuda.synchronize, side_stream=self._side_stream, info=info,
                                 time_replays=time_replays)
         if "ops_per_replay" in info:
@@ -163,23 +203,29 @@ class TorchComm(Comm):
             self.last_timing = r
         return times
 
-    def _ops_per_batch(self, op) -> int:
-        """Operations per held batch for this op: from one held batch of 10, so that a batch
-        lasts BATCH_TARGET_S of device time. Asked once per prepared op."""
+    def _device_op_s(self, op) -> float:
+        """One operation's device time, from one held batch of 10, to size batches and graph
+        replays. Asked once per prepared op; every rank takes the slowest rank's figure, so
+        all run the same counts."""
         if self._batch_for is not op:
             r = time_held(op, 1, 10, self._holds(), self._event, self.torch.cuda.synchronize, meet=self._meet)
-            # Every rank must use the same count: agree on the slowest rank's estimate.
             est = float(r.samples_s[0])
             if self.size > 1:
                 est = float(self.max_over_ranks(np.array([est]))[0])
-            self._batch_for, self._batch_ops = op, choose_ops_per_batch(est)
-        return self._batch_ops
+            self._batch_for, self._op_s = op, est
+        return self._op_s
 
     def _holds(self):
         if self._hold_factory is None:
             from ..gpuhold import make_holds
+            from ..timing import NoHold
 
-            self._hold_factory, self._hold_method = make_holds(self.torch)
+            # COMMBENCH_NO_HOLD=1: events on an idle stream, as before holds (a diagnostic:
+            # it shows what the host's launch cost does to the samples; rows say unheld).
+            if os.environ.get("COMMBENCH_NO_HOLD") == "1":
+                self._hold_factory, self._hold_method = NoHold, "none"
+            else:
+                self._hold_factory, self._hold_method = make_holds(self.torch)
         return self._hold_factory
 
     def _meet(self):

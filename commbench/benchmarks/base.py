@@ -130,6 +130,11 @@ class Benchmark:
         """After fill + one op: does this rank hold exactly the expected result?"""
         return True
 
+    def placement(self, comm, point: Point) -> str | None:
+        """in-place or out-of-place, as nccl-tests' two columns (None: not a collective with
+        buffers); rows say it, and it is part of the point key."""
+        return None
+
     def busbw_factor(self, world: int) -> float:
         """F of README "Formulas": busbw = algbw x F. The one place each benchmark's factor
         lives; importers and the what-if model ask the registry for it."""

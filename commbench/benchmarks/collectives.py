@@ -25,6 +25,9 @@ def _ring(n: int) -> float:
 class _Collective(Benchmark):
     reduce = False  # data summed across ranks: keep it exact
 
+    def placement(self, comm, point):
+        return "out-of-place"  # a send and a receive buffer (in place: all_reduce only)
+
     def _at(self, point, rank, offset=0):
         """values_at(lo, hi) of rank's pattern from element `offset` on (rank may be a
         function of the element index, for buffers that hold several ranks' blocks)."""
@@ -74,14 +77,22 @@ class AllReduce(_Collective):
         c = point.nbytes // point.elem_nbytes
         return Bufs(point, comm.alloc(c, point.dtype), comm.alloc(c, point.dtype), c)
 
+    def placement(self, comm, point):
+        """Out of place where the backend can (MPI; NCCL through cupy), unless the run asks
+        for the in-place column; torch.distributed's all_reduce works in place only."""
+        if comm.in_place or not comm.out_of_place_all_reduce(point.dtype):
+            return "in-place"
+        return "out-of-place"
+
     def fill(self, comm, b):
-        # torch has no out-of-place all_reduce: its op reduces recv in place, so recv
-        # starts as a copy of the input on every backend.
+        # In place, recv holds the input; out of place, a value the sum never takes, so a
+        # reduction that missed recv shows in the check.
         fill_chunked(comm, b.send, b.count, self._at(b.point, comm.rank))
-        fill_chunked(comm, b.recv, b.count, self._at(b.point, comm.rank))
+        in_place = self.placement(comm, b.point) == "in-place"
+        fill_chunked(comm, b.recv, b.count, self._at(b.point, comm.rank) if in_place else self._const(-1.0))
 
     def op(self, comm, b):
-        return comm.all_reduce(b.send, b.recv)
+        return comm.all_reduce(b.send, b.recv, in_place=self.placement(comm, b.point) == "in-place")
 
     def check(self, comm, b):
         return equal_chunked(comm, b.recv, b.count, self._sum_at(b.point, comm.size))
@@ -178,6 +189,9 @@ class Broadcast(_Collective):
     name = "broadcast"
     formula = "busbw = algbw"
     root = 0
+
+    def placement(self, comm, point):
+        return "in-place"  # one buffer: the root's is sent, the others' received into
 
     def memory_nbytes(self, point):  # one buffer
         return point.nbytes

@@ -437,7 +437,10 @@ class Overlap(Benchmark):
         comm_traffic = Traffic(point.nbytes * sched.buckets, self.busbw_factor(point.world))
         # OSU's NBC tests: a barrier between iterations, outside the timed window.
         t_setup = clock()
-        f_comm, _ = harness.time_steps(comm, point, core.comm_once, comm_traffic, stage="comm", barrier_each=True)
+        # On a GPU each step is enqueued behind a stream hold: starts, waits and polls never
+        # block the host there (a NCCL wait orders the stream; a test queries it).
+        f_comm, _ = harness.time_steps(comm, point, core.comm_once, comm_traffic, stage="comm", barrier_each=True,
+                                       hold=True)
         t_comm_s = f_comm["time_us_p50"] * 1e-6
         if not p["gemm"]:
             harness.arm("gemm calibration")
@@ -451,7 +454,7 @@ class Overlap(Benchmark):
             core.set_compute(b.compute)
         calib_s = clock() - t_setup
         f_comp, _ = harness.time_steps(comm, point, core.compute_once, comm_traffic, stage="compute",
-                                       barrier_each=True)
+                                       barrier_each=True, hold=True)
         tests: list = []
 
         def after_each(i):  # the progress thread's test() calls, outside the timing
@@ -461,7 +464,8 @@ class Overlap(Benchmark):
 
         b.compute.reset()
         f_all, laps_s = harness.time_steps(comm, point, core.overlapped_once, comm_traffic, stage="overall",
-                                           laps=core.OVERLAPPED_LAPS, barrier_each=True, after_each=after_each)
+                                           laps=core.OVERLAPPED_LAPS, barrier_each=True, after_each=after_each,
+                                           hold=True)
         t_during = laps_s[:, 1] * 1e6
         for name in core.OVERLAPPED_LAPS:  # in t_compute_during_us below
             f_all.pop(f"stage_us_{name}")

@@ -18,8 +18,8 @@ How the tools' numbers map onto a row (README "Reports, compare, import"):
   S definition (nccl-tests' S is commbench's). OSU sizes are per peer for allgather and
   alltoall, so nbytes = size x world there (the file's size is kept as `tool_nbytes`),
   and bandwidths are computed from nbytes and the time.
-- nccl-tests prints an out-of-place and an in-place half per size: the out-of-place half
-  is variant "default" (what commbench measures), the in-place half variant "in-place".
+- nccl-tests prints an out-of-place and an in-place half per size: rows say which in
+  `placement` (out-of-place / in-place), as commbench's own rows do.
 - check: #wrong 0 -> "ok", N/A (unchecked) -> "skipped", > 0 -> "fail"; OSU: Validation
   Pass/Fail, else "skipped".
 
@@ -66,8 +66,8 @@ def import_file(path, fmt: str | None = None, world: int | None = None,
     fmt: "nccl-tests" | "nccl-tests-json" | "osu" (None: detected from the content).
     world: rank count (required for OSU, which does not print it; checked against the
     nccl-tests rank lines). benchmark: the commbench name, when the file does not say.
-    in_place: keep nccl-tests' in-place half as variant "in-place" rows (False: only the
-    out-of-place half, variant "default", which is what commbench itself measures)."""
+    in_place: keep nccl-tests' in-place half, as placement "in-place" rows (False: only the
+    out-of-place half)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such file")
@@ -87,7 +87,7 @@ def import_file(path, fmt: str | None = None, world: int | None = None,
         benchmark = benchmark_name(benchmark) or benchmark
     rows, meta = _PARSERS[fmt](path, text, world=world, benchmark=benchmark)
     if not in_place:
-        rows = [r for r in rows if r["variant"] != "in-place"]
+        rows = [r for r in rows if r["placement"] != "in-place"]
         meta["points"] = len(rows)
     if not rows:
         raise err(path, 1, f"no data rows with a time in this {SOURCE_NAMES[fmt]} file")

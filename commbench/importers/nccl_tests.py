@@ -2,9 +2,9 @@
 cputime, -S timestamp and -I per-iteration columns of newer versions are found wherever
 they stand) and the -J JSON file.
 
-Each size line holds an out-of-place and an in-place half: the out-of-place half becomes
-variant "default" (what commbench measures), the in-place half variant "in-place". The
-time is the loop's mean; -I columns or -J per-iteration objects give the spread."""
+Each size line holds an out-of-place and an in-place half: each becomes a row whose
+`placement` says which, as commbench's own rows do. The time is the loop's mean; -I
+columns or -J per-iteration objects give the spread."""
 from __future__ import annotations
 
 import json
@@ -235,7 +235,7 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
                     extra["timestamp"] = d["timestamp"]
                 rows.append(make_row(
                     bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes, dtype=dtype,
-                    variant="default" if half == "out-of-place" else half, params=params, iters=iters,
+                    in_place=half == "in-place", params=params, iters=iters,
                     warmup=b.run_params.get("warmup"), clock=clock, mean_us=t, stats=stats,
                     algbw=v.get("algbw"), busbw=v.get("busbw"), check=check_status(v.get("#wrong")),
                     source=f"nccl-tests stdout ({note})", spread=spread, extra=extra))
@@ -417,7 +417,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
         params = _nccl_params(redop, root)
         iters = r.get("actual_iterations") or ((iters_cfg or 0) * (agg or 1)) or None
         found = False
-        for key, variant in (("out_of_place", "default"), ("in_place", "in-place")):
+        for key in ("out_of_place", "in_place"):
             half = r.get(key)
             if half is None:
                 continue
@@ -441,7 +441,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
                     "all percentiles = the mean: no per-iteration statistics in the file")
             rows.append(make_row(
                 bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes,
-                dtype=_NCCL_DTYPES.get(typ, typ), variant=variant, params=params, iters=iters,
+                dtype=_NCCL_DTYPES.get(typ, typ), in_place=key == "in_place", params=params, iters=iters,
                 warmup=cfg.get("warmup_iters"), clock="cpu_time" if cpu else "host_clock_loop_mean", mean_us=t,
                 stats=st, algbw=algbw if algbw is not None and math.isfinite(algbw) else None,
                 busbw=busbw if busbw is not None and math.isfinite(busbw) else None, check=check_status(nwrong),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ..results import SCHEMA_VERSION, RunDir, Status, point_key
+from ..results import SCHEMA_VERSION, RunDir, Status, placement_of, point_key
 
 SOURCE_NAMES = {"nccl-tests": "nccl-tests stdout", "nccl-tests-json": "nccl-tests JSON", "osu": "OSU stdout"}
 
@@ -103,7 +103,7 @@ def check_status(nwrong) -> str:
 
 def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default", params=None, stage="",
              iters=None, warmup=None, clock, mean_us, stats=None, algbw=None, busbw=None, check="skipped",
-             source, spread="none", extra=None) -> dict:
+             source, spread="none", extra=None, in_place: bool = False) -> dict:
     """A row with every results.ROW_FIELDS field. time_us_p50 = time_us_mean = the tool's
     (mean) time; `stats` may give time_us_min/p90/p99/max/std from per-iteration data,
     anything it lacks equals the mean (std: None)."""
@@ -122,10 +122,12 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
         algbw = bandwidths_gbps(nbytes, t, factor)[0]
     if busbw is None:
         busbw = algbw * factor
+    placement = placement_of(bench, in_place)
     row = {
-        "schema": SCHEMA_VERSION, "point_key": point_key(bench, world, nbytes, dtype, params, variant),
+        "schema": SCHEMA_VERSION, "point_key": point_key(bench, world, nbytes, dtype, params, variant, placement),
         "benchmark": bench, "backend": backend, "device": device,
-        "world": int(world), "nbytes": nbytes, "dtype": dtype, "variant": variant, "params": params,
+        "world": int(world), "nbytes": nbytes, "dtype": dtype, "variant": variant, "placement": placement,
+        "params": params,
         "stage": stage, "iters": None if iters is None else int(iters),
         "warmup": None if warmup is None else int(warmup), "timing": "imported", "clock": clock,
         "time_us_min": float(st.get("time_us_min", t)), "time_us_p50": t, "time_us_mean": t,
