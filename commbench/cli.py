@@ -206,30 +206,6 @@ def _resume(args, argv: list[str]) -> int:
                       meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
 
 
-def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool) -> None:
-    """Before any rank initialises: one GPU per NCCL rank on this host, and CUDA buffers only
-    on an MPI that takes them (either mistake ends in a traceback or a segfault later)."""
-    from .backends import gpus
-
-    if backend == "nccl":
-        from .launch import detect
-        from .plan import local_ranks
-
-        visible = gpus.visible_gpus()
-        if visible:  # none: backends.availability says so
-            gpus.check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
-    if backend == "mpi" and device == "cuda":
-        import os
-
-        from .launch import find_mpirun
-
-        try:
-            bindir = os.path.dirname(find_mpirun())
-        except UsageError:
-            bindir = None
-        gpus.check_cuda_aware_mpi(cuda_aware, bindir)
-
-
 def cmd_run(args, argv: list[str]) -> int:
     from dataclasses import fields
     from pathlib import Path
@@ -260,6 +236,8 @@ def cmd_run(args, argv: list[str]) -> int:
         raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     device = args.device or ("cuda" if backend == "nccl" else "cpu")
     suite_mod.check_backend(cfg, backend, device)
+    from .backends.gpus import check_gpu_path
+
     check_gpu_path(backend, device, args.np, args.cuda_aware_mpi)
     overrides_p = profile_overrides(args)
     resolve_profile_spec(cfg.profile, overrides_p)

@@ -89,3 +89,24 @@ def check_cuda_aware_mpi(given: bool, bindir: str | None = None) -> str:
                          f"use --backend nccl, or an MPI built with CUDA")
     raise UsageError(f"backend mpi with device cuda needs a CUDA-aware MPI, and this one cannot be asked ({how}): "
                      f"pass --cuda-aware-mpi if it is")
+
+
+def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool) -> None:
+    """Before any rank initialises: one GPU per NCCL rank on this host (np_: a local launch's
+    ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
+    an MPI that takes them."""
+    if backend == "nccl":
+        from ..launch import detect
+        from ..plan import local_ranks
+
+        visible = visible_gpus()
+        if visible:  # none: backends.availability says so
+            check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
+    if backend == "mpi" and device == "cuda":
+        from ..launch import find_mpirun
+
+        try:
+            bindir = os.path.dirname(find_mpirun())
+        except UsageError:
+            bindir = None
+        check_cuda_aware_mpi(cuda_aware, bindir)

@@ -194,3 +194,95 @@ def dispatch_volume_nbytes(case: str, tokens: int, hidden: int, token_nbytes, E:
         token_nbytes = token_bytes(hidden, token_nbytes)
     nic, nvl = dispatch_copies_per_token(case, E, K, P, G, M)
     return nic * tokens * token_nbytes, nvl * tokens * token_nbytes
+
+
+# --- measured routings: the two-tier (hierarchical) and low-latency dispatches ----------
+
+def local_index(node_of_rank) -> np.ndarray:
+    """Each rank's index among the ranks of its node, in rank order."""
+    node = np.asarray(node_of_rank, dtype=np.int64)
+    out = np.zeros(node.shape[0], dtype=np.int64)
+    seen: dict[int, int] = {}
+    for r, n in enumerate(node.tolist()):
+        out[r] = seen.get(n, 0)
+        seen[n] = out[r] + 1
+    return out
+
+
+def forwarder(src: int, node: int, node_of_rank) -> int:
+    """The rank of `node` a token from `src` lands on in a hierarchical dispatch: the one with
+    the sender's local index (DeepEP pairs the same GPU index across nodes, one NIC each),
+    wrapping when that node has fewer ranks."""
+    nodes = np.asarray(node_of_rank, dtype=np.int64)
+    members = np.flatnonzero(nodes == node)
+    return int(members[local_index(nodes)[src] % members.size])
+
+
+def hierarchical_rows(topk_by_rank, num_experts: int, node_of_rank, copies: str) -> dict[str, np.ndarray]:
+    """Rows each rank moves in a two-tier dispatch of the given routings (DeepEP's internode
+    normal kernels): a token bound for another node crosses the scale-out tier once per
+    (token, destination node), to that node's forwarder(src, node); the forwarder passes it
+    on over the scale-up tier to each destination rank of its node (one row per rank with
+    rank copies, one per expert with expert copies). Tokens bound for the sender's own node
+    go over the scale-up tier directly. A row a rank hands itself crosses no link.
+
+    topk_by_rank[s]: int (T, K) expert ids of rank s's tokens. Returns int64 (world,) arrays:
+    scaleout_sent_rows / scaleout_recv_rows (first tier), scaleup_sent_rows /
+    scaleup_recv_rows (second tier and direct, between different ranks), local_rows, and
+    flat_scaleout_recv_rows / flat_scaleup_recv_rows: what a flat all_to_all of the same
+    rows would receive on each tier, for comparison."""
+    nodes = np.asarray(node_of_rank, dtype=np.int64)
+    world = nodes.shape[0]
+    if num_experts % world:
+        raise ValueError(f"num_experts {num_experts} is not divisible by world {world}")
+    per_rank = num_experts // world
+    out = {k: np.zeros(world, dtype=np.int64) for k in (
+        "scaleout_sent_rows", "scaleout_recv_rows", "scaleup_sent_rows", "scaleup_recv_rows", "local_rows",
+        "flat_scaleout_recv_rows", "flat_scaleup_recv_rows")}
+    fwd = {(s, n): forwarder(s, n, nodes) for s in range(world) for n in np.unique(nodes).tolist()}
+    for s, topk in enumerate(topk_by_rank):
+        dest = np.asarray(topk, dtype=np.int64) // per_rank             # (T, K) destination ranks
+        if copies == "rank":  # one row per distinct (token, dest rank)
+            t_idx, d = np.unique(np.stack([np.repeat(np.arange(dest.shape[0]), dest.shape[1]), dest.ravel()]),
+                                 axis=1)
+        else:                 # one row per (token, expert)
+            t_idx, d = np.repeat(np.arange(dest.shape[0]), dest.shape[1]), dest.ravel()
+        dn = nodes[d]
+        # flat: each row straight from s to d
+        remote = d != s
+        np.add.at(out["flat_scaleout_recv_rows"], d[remote & (dn != nodes[s])], 1)
+        np.add.at(out["flat_scaleup_recv_rows"], d[remote & (dn == nodes[s])], 1)
+        # first tier: one row per (token, remote node), to that node's forwarder
+        away = dn != nodes[s]
+        pairs = np.unique(np.stack([t_idx[away], dn[away]]), axis=1) if away.any() else np.zeros((2, 0), np.int64)
+        for n, cnt in zip(*np.unique(pairs[1], return_counts=True)):
+            f = fwd[(s, int(n))]
+            out["scaleout_sent_rows"][s] += cnt
+            out["scaleout_recv_rows"][f] += cnt
+        # second tier (and the own node's rows): from the forwarder (or s) to each destination
+        via = np.array([fwd[(s, int(n))] if n != nodes[s] else s for n in dn.tolist()], dtype=np.int64)
+        hop = via != d
+        np.add.at(out["scaleup_sent_rows"], via[hop], 1)
+        np.add.at(out["scaleup_recv_rows"], d[hop], 1)
+        np.add.at(out["local_rows"], d[~hop], 1)
+    return out
+
+
+def low_latency_rows(sent_per_expert, recv_per_source_expert, capacity: int) -> dict[str, int]:
+    """One rank's rows in a low-latency dispatch (DeepEP's decode kernels, here over one
+    all_to_all): every (source rank, expert) pair owns `capacity` row slots whether it
+    uses them or not, so no counts are exchanged and nothing waits on the host.
+
+    sent_per_expert: int (E,) rows this rank routes to each expert; recv_per_source_expert:
+    int (world, local experts) rows arriving from each source for each local expert.
+    Returns padded_sent_rows (E x capacity), useful_sent_rows, padded_recv_rows (world x
+    local x capacity), useful_recv_rows, and overflow_rows (routed beyond a slot region:
+    a capacity too small for the routing)."""
+    sent = np.asarray(sent_per_expert, dtype=np.int64)
+    recv = np.asarray(recv_per_source_expert, dtype=np.int64)
+    cap = int(capacity)
+    if cap < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    return {"padded_sent_rows": int(sent.size * cap), "useful_sent_rows": int(np.minimum(sent, cap).sum()),
+            "padded_recv_rows": int(recv.size * cap), "useful_recv_rows": int(np.minimum(recv, cap).sum()),
+            "overflow_rows": int(np.maximum(sent - cap, 0).sum())}
