@@ -52,6 +52,16 @@ def node_ids(hosts: list[str], ranks_per_node: int | None = None) -> list[int]:
     return [order.setdefault(h, len(order)) for h in hosts]
 
 
+def local_ranks(world: int) -> int:
+    """Ranks of this launch on this host (the launcher says; a local launch has them all)."""
+    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        v = os.environ.get(k, "")
+        if v.isdigit():
+            return int(v)
+    return world if not any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
+                                                         "RANK")) else 1
+
+
 def prepare_torch_env(info: LaunchInfo) -> None:
     """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, when no
     MASTER_ADDR is given, agree on rank 0's host and a free port over MPI."""

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from . import launch
 from .errors import UsageError
 from .units import INT_MAX, fmt_size
-
-if TYPE_CHECKING:
-    from .suite import SuiteConfig
 
 # A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
 # fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
@@ -28,18 +25,6 @@ def _mem_available_nbytes() -> int | None:
     except OSError:
         pass
     return None
-
-
-def local_ranks(world: int) -> int:
-    """Ranks of this launch on this host (the launcher says; a local launch has them all)."""
-    import os
-
-    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        v = os.environ.get(k, "")
-        if v.isdigit():
-            return int(v)
-    return world if not any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
-                                                         "RANK")) else 1
 
 
 def fmt_mem(nbytes: int) -> str:
@@ -65,7 +50,7 @@ def mpi_large_count() -> bool:
         return False
 
 
-def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: bool = False) -> list[dict]:
+def plan(cfg, points: list, world: int, device: str, check_counts: bool = False) -> list[dict]:
     """Per point: buffer bytes per rank (the benchmark's own estimate) and a rough time.
     Refuses, before any rank starts, a sweep whose largest point does not fit this host's
     available memory with every local rank holding its buffers, and (check_counts: the
@@ -90,7 +75,7 @@ def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: 
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
         big = max(out, key=lambda r: r["mem_nbytes"])
-        local = min(local_ranks(world), world)
+        local = min(launch.local_ranks(world), world)
         if avail is not None and big["mem_nbytes"] * local > avail:
             p = big["point"]
             raise UsageError(
@@ -100,7 +85,7 @@ def plan(cfg: SuiteConfig, points: list, world: int, device: str, check_counts: 
     return out
 
 
-def print_plan(cfg: SuiteConfig, plan_rows: list[dict], world: int, backend: str) -> None:
+def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:
     """--dry-run: the points, memory per rank and a rough time, without communicating."""
     print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
     print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")

@@ -291,10 +291,11 @@ def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
     """What the chosen backend and device cannot run, refused before any rank starts."""
     from .benchmarks import get
 
-    if backend == "nccl" or device == "cuda":
-        gpu_less = [b for b in cfg.benchmarks if get(b).cpu_only]
-        if gpu_less:
-            raise UsageError(f"{gpu_less[0]} packs rows on the host and runs on CPU backends (mpi, gloo) only")
+    if device == "cuda":
+        host_only = [b for b in cfg.benchmarks if backend in get(b).host_only_on]
+        if host_only:
+            raise UsageError(f"{host_only[0]} packs rows on the host on {backend}: CPU buffers only there "
+                             f"(on GPUs, --backend nccl runs it on the device)")
     if cfg.cuda_graph and backend != "nccl":
         raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
                          "cannot capture them")

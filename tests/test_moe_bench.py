@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import commbench.moe as M
-from commbench.benchmarks.moe import MoE, _bf16, _from_bf16, reduce_bf16_rows, regroup_perm, send_order, token_value
+from commbench.benchmarks.moe import MoE
+from commbench.benchmarks.moe_host import _bf16, _from_bf16, reduce_bf16_rows, regroup_perm, send_order, token_value
 from commbench.results import load
 from conftest import needs_mpi, needs_torch, run_cli
 
@@ -72,6 +73,7 @@ def test_mpi_every_routing_both_copies(tmp_path):
     out, df = _run(tmp_path, "mpi", 4, ["--param", f"moe.routing={ROUTINGS}", "--param", "moe.copies=rank,expert"])
     _assert_rows(df, ROUTINGS.split(","), 4)
     assert set(df["world"]) == {2, 4}
+    assert set(df["path"]) == {"host"} and df["pack_method"].str.startswith("MPI_Alltoallw").all()
 
 
 @needs_mpi
@@ -92,6 +94,7 @@ def test_bytes_and_bandwidth_match_the_layout(tmp_path):
 def test_gloo_every_routing_both_copies(tmp_path):
     out, df = _run(tmp_path, "gloo", 2, ["--param", f"moe.routing={ROUTINGS}", "--param", "moe.copies=rank,expert"])
     _assert_rows(df, ROUTINGS.split(","), 2)
+    assert set(df["path"]) == {"torch"}  # gloo runs the device path, on CPU tensors
 
 
 @needs_mpi
@@ -101,11 +104,12 @@ def test_two_tiers_on_one_host(tmp_path):
     assert json.loads((out / "meta.json").read_text())["nodes"] == [0, 0, 1, 1]
 
 
-@pytest.mark.parametrize("backend", [pytest.param("mpi", marks=needs_mpi), pytest.param("gloo", marks=needs_torch)])
+@needs_mpi
 @pytest.mark.parametrize("bench", ["moe_drop_row", "moe_misroute"])
-def test_check_catches_dropped_and_misrouted_rows(tmp_path, backend, bench):
+def test_check_catches_dropped_and_misrouted_rows(tmp_path, bench):
+    """The host path (mpi); tests/test_moe_torch.py has the torch path's."""
     out = tmp_path / "bad"
-    p = run_cli("run", "-b", bench, "--backend", backend, "--np", 2, "--check", "--iters", 2, "--out", out,
+    p = run_cli("run", "-b", bench, "--backend", "mpi", "--np", 2, "--check", "--iters", 2, "--out", out,
                 *[a.replace("moe.", f"{bench}.") for a in SMALL], env={"COMMBENCH_PLUGINS": "moe_drop_plugin"})
     assert p.returncode != 0 and "failed the data check" in p.stderr
     assert set(load(out)["check"]) == {"fail"}

@@ -119,6 +119,11 @@ class Comm:
                         stage_send, stage_recv) -> RowsExchange:
         return RowsExchange(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
+    def device_moe(self):
+        """The backend's MoE dispatch/combine engine on its own tensors (torch:
+        backends/torch_moe.TorchMoE), or None: the moe benchmark then packs rows on the host."""
+        return None
+
     # --- non-blocking -----------------------------------------------------------
     def iall_reduce(self, send, recv) -> Handle: raise NotImplementedError
 

@@ -96,8 +96,7 @@ def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool)
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
     an MPI that takes them."""
     if backend == "nccl":
-        from ..launch import detect
-        from ..plan import local_ranks
+        from ..launch import detect, local_ranks
 
         visible = visible_gpus()
         if visible:  # none: backends.availability says so

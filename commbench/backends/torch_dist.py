@@ -145,6 +145,15 @@ class TorchComm(Comm):
         work = self.dist.all_reduce(recv, group=self.group, async_op=True)
         return Handle(work.wait, work.is_completed)
 
+    def device_moe(self):
+        """The device-side MoE engine (the same code on gloo's CPU tensors and nccl's CUDA
+        ones), made on first use."""
+        if getattr(self, "_moe", None) is None:
+            from .torch_moe import TorchMoE
+
+            self._moe = TorchMoE(self)
+        return self._moe
+
     # --- control ----------------------------------------------------------------
     def sync(self):
         if self.device == "cuda":

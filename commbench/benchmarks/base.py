@@ -85,7 +85,7 @@ class Benchmark:
     checks: bool = True  # False: nothing to verify (barrier); rows say check=skipped
     min_world: int = 1
     even_world: bool = False
-    cpu_only: bool = False  # host-side numpy work on the buffers: CPU backends only
+    host_only_on: tuple = ()  # backends on which it works on host memory: refused there with GPU buffers
 
     def unit_nbytes(self, world: int, elem_nbytes: int, params: dict) -> int:
         """Granularity of S: a size must be a multiple of this to split evenly."""

@@ -3,151 +3,133 @@
 Each rank holds `tokens` tokens of `hidden` elements; a seeded router picks `topk` of
 `experts` experts per token; experts are spread evenly over the ranks. Dispatch sends each
 token's activations to the ranks hosting its experts; combine sends the expert outputs back
-and reduces them at the source. Both are timed separately, with their stages:
+and reduces them at the source. Both are timed separately, with their stages.
+
+Two implementations of the same exchange (rows say which ran, in `path`):
+
+- torch (Comm.device_moe(): gloo on CPU tensors, nccl on CUDA tensors, one code,
+  backends/torch_moe.py): layout, counts, sync, pack, a2a, unpack on the device; fp8 rows
+  are a float8_e4m3fn payload plus fp32 scales, quantised from bf16 activations;
+- host (mpi): numpy layout and reduction, rows moved by one MPI_Alltoallw (moe_host.py).
 
   dispatch: layout (routing -> per-rank counts and row order), counts (all_to_all of the
-            counts), pack (gather rows into send order), a2a (the all_to_all itself),
-            unpack (expert copies: regroup received rows by local expert, Megatron's
-            sort_chunks_by_idxs; rank copies arrive grouped by source, as DeepEP returns
-            them, so there is nothing to unpack)
+            counts), sync (torch: the split sizes to the host), pack (rows into send
+            order), a2a (the all_to_all itself), unpack (expert copies: regroup received
+            rows by local expert, Megatron's sort_chunks_by_idxs; rank copies arrive
+            grouped by source, as DeepEP returns them, so there is nothing to unpack)
   combine:  pack (expert copies: back to source order), a2a, reduce (bf16 -> fp32,
             weighted sum into each source token)
 
 Payloads travel as raw bytes (uint8): fp8 is H + H/32 bytes a token (e4m3 plus one fp32
-scale per 128 elements), bf16 2H; no backend here has an fp8 type and none needs one,
-since dispatch does no arithmetic. Rows say so in `payload_carried_as`.
+scale per 128 elements), bf16 2H; gloo and MPI have no fp8 type and dispatch does no
+arithmetic, so nccl carries bytes too. Rows say so in `payload_carried_as`.
+
+A benchmark never imports torch: the device path is the engine the communicator hands out,
+driven here, and checked against expectations computed here from the regenerated routing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import moe as M
 from ..errors import UsageError
-from ..units import INT_MAX
 from .base import Benchmark, Param, Traffic, register
-
-DISPATCH_STAGES = ("layout", "counts", "pack", "a2a", "unpack")
-COMBINE_STAGES = ("pack", "a2a", "reduce")
-def _no_lap() -> None:
-    """A stage boundary nobody is timing (the --check run)."""
-
-
-HEADER = 8  # bytes at the start of each dispatched row: int32 source rank, int32 token index
-
-
-def _bf16(values_f32: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16) by truncation; exact for the small integers used."""
-    return (np.ascontiguousarray(values_f32, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def _from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def token_value(src: np.ndarray | int, token: np.ndarray) -> np.ndarray:
-    """The scalar each token carries through the identity experts: a small integer (exact
-    in bf16) that differs by source rank and token."""
-    return (1 + (np.asarray(src, dtype=np.int64) * 31 + np.asarray(token, dtype=np.int64)) % 61).astype(np.float32)
-
-
-def make_x(rank: int, tokens: int, row_nbytes: int) -> np.ndarray:
-    """Dispatch input (tokens, row_nbytes) uint8: a header naming (rank, token), then bytes
-    that depend on both, so any misplaced or torn row shows."""
-    t = np.arange(tokens, dtype=np.int64)
-    body = (np.arange(row_nbytes, dtype=np.int64)[None, :] + t[:, None] * 7 + rank * 13) % 251
-    x = body.astype(np.uint8)
-    hdr = np.stack([np.full(tokens, rank, np.int32), t.astype(np.int32)], axis=1)
-    x[:, :HEADER] = hdr.view(np.uint8).reshape(tokens, HEADER)
-    return x
-
-
-def send_order(layout: M.Layout) -> M.Layout:
-    """Expert copies are sent sorted by expert (Megatron's permute), so each destination's
-    chunk is grouped by local expert and the receiver regroups with counts alone."""
-    if layout.copies != "expert":
-        return layout
-    perm = np.argsort(layout.send_expert, kind="stable")
-    return replace(layout, send_token_idx=layout.send_token_idx[perm], send_expert=layout.send_expert[perm],
-                   send_weight=layout.send_weight[perm])
-
-
-def regroup_perm(counts_src_expert: np.ndarray) -> np.ndarray:
-    """Received rows are ordered (source, local expert); the permutation that orders them
-    (local expert, source): out[j] = in[perm[j]]."""
-    m = np.asarray(counts_src_expert, dtype=np.int64)
-    world, local = m.shape
-    lens = m.ravel()
-    starts = np.cumsum(lens) - lens
-    order = np.arange(world * local).reshape(world, local).T.ravel()
-    lens_t, starts_t = lens[order], starts[order]
-    total = int(lens.sum())
-    begin_t = np.cumsum(lens_t) - lens_t
-    return np.repeat(starts_t - begin_t, lens_t) + np.arange(total, dtype=np.int64)
-
-
-def inverse_perm(perm: np.ndarray) -> np.ndarray:
-    """inv[perm[j]] = j: turns 'out[j] = in[perm[j]]' into 'out[inv[i]] = in[i]'."""
-    inv = np.empty_like(perm)
-    inv[perm] = np.arange(perm.size, dtype=perm.dtype)
-    return inv
-
-
-def reduce_bf16_rows(bits: np.ndarray, layout: M.Layout, tokens: int, weighted: bool,
-                     block_tokens: int = 32) -> np.ndarray:
-    """Combine's source-side reduction straight from bf16 rows (uint16 bits, send order):
-    same result as moe.combine_reduce. Tokens are reduced a block at a time so the fp32
-    block being summed stays in cache (out is 117 MB at DeepSeek-V3 size; summing copy by
-    copy over all of it took ~1.4x longer), and within a block the c-th copies of its
-    tokens form one duplicate-free `out[tok] += rows`. Rows are widened to fp32 through one
-    small scratch buffer rather than all at once (a 400 MB temporary at full size)."""
-    idx, w = layout.send_token_idx, layout.send_weight
-    out = np.zeros((tokens, bits.shape[1]), np.float32)
-    if idx.size == 0:
-        return out
-    order = np.argsort(idx, kind="stable")               # rows grouped by token
-    starts = np.searchsorted(idx[order], np.arange(tokens + 1))
-    copy_no = np.arange(order.size) - np.repeat(starts[:-1], np.diff(starts))
-    scratch = np.empty((block_tokens, bits.shape[1]), np.uint32)
-    for t0 in range(0, tokens, block_tokens):
-        lo, hi = starts[t0], starts[min(t0 + block_tokens, tokens)]
-        rows, cn = order[lo:hi], copy_no[lo:hi]
-        for c in range(int(cn.max()) + 1 if cn.size else 0):
-            r = rows[cn == c]
-            buf = scratch[:r.size]
-            buf[...] = np.take(bits, r, axis=0, mode="clip")  # indices valid by construction
-            buf <<= 16
-            vals = buf.view(np.float32)
-            if weighted:
-                vals *= w[r, None]
-            out[idx[r]] += vals
-    return out
-
+from .moe_host import HEADER, HostPath, _no_lap, regroup_perm, send_order
 
 @dataclass
-class MoEBufs:
+class MoEPlan:
+    """What both paths share, worked out on the host at setup: this rank's routing and
+    layout (in send order), the rows every rank sends every other (each rank's routing
+    regenerated locally), and the row sizes."""
+
     point: object
     routing_for: object
+    rank: int
     topk: np.ndarray
     weights: np.ndarray
     layout: M.Layout          # this rank's, in send order
-    matrix: np.ndarray        # rows sent [src, dst], every rank's routing regenerated
+    matrix: np.ndarray        # rows sent [src, dst]
     local: int                # counts exchanged per destination (local experts, or 1)
     rb_d: int                 # dispatch bytes a row
     rb_c: int                 # combine bytes a row
-    x: np.ndarray
-    send_d: object
-    recv_d: object
-    send_c: object
-    recv_c: object
-    counts_send: object
-    counts_recv: object
-    expert_in: np.ndarray | None
-    expert_out: np.ndarray | None
-    out: np.ndarray | None = None
-    recv_rows: np.ndarray | None = None   # expert copies: where each arriving row went
-    pack_method: str = ""
+
+    @property
+    def n_recv(self) -> int:
+        return int(self.matrix[:, self.rank].sum())
+
+    def source_layout(self, src: int) -> M.Layout:
+        """Rank src's layout in send order, from its regenerated routing."""
+        if src == self.rank:
+            return self.layout
+        p, world = self.point.params, self.matrix.shape[0]
+        r = self.routing_for(src)
+        return send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
+
+
+@dataclass
+class DeviceBufs:
+    plan: MoEPlan
+    state: object             # the engine's MoEState: device buffers and the last plan
+    path: object
+    pack_method: str
+
+
+class DevicePath:
+    """The torch engine (backends/torch_moe.py) driven stage by stage; its checks get their
+    expectations from the host's regenerated layouts, an implementation independent of
+    the device layout they check."""
+
+    name = "torch"
+    dispatch_stages = ("layout", "counts", "sync", "pack", "a2a", "unpack")
+    combine_stages = ("pack", "a2a", "reduce")
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def setup(self, comm, plan: MoEPlan) -> DeviceBufs:
+        p = plan.point.params
+        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["copies"], p["hidden"], p["dispatch_dtype"],
+                               plan.layout.num_rows, plan.n_recv)
+        return DeviceBufs(plan, st, self, self.engine.method)
+
+    def fill(self, comm, b: DeviceBufs) -> None:
+        self.engine.fill(b.state)
+
+    def dispatch(self, comm, b: DeviceBufs, lap=_no_lap) -> None:
+        self.engine.dispatch(b.state, lap)
+
+    def experts(self, comm, b: DeviceBufs) -> None:
+        self.engine.experts(b.state)
+
+    def combine(self, comm, b: DeviceBufs, lap=_no_lap) -> None:
+        self.engine.combine(b.state, lap)
+
+    def release(self, comm, b: DeviceBufs) -> None:
+        self.engine.release(b.state)
+
+    def row_info(self, b: DeviceBufs) -> dict:
+        return {"cpu_threads": b.state.cpu_threads}
+
+    def check(self, comm, b: DeviceBufs) -> bool:
+        """The host path's checks: the exchanged counts (per expert, for expert copies),
+        every received row in place (grouped by source, each source's rows in its send
+        order; regrouped by expert for expert copies), and combine(dispatch(x)) through
+        identity experts = x times the copies (rank, exact) or the weight sum (expert)."""
+        plan, eng = b.plan, self.engine
+        world, me, local = comm.size, comm.rank, plan.local
+        expert = plan.point.params["copies"] == "expert"
+        counts, sources = [], []
+        for src in range(world):
+            lay = plan.source_layout(src)
+            off = lay.send_offsets
+            sources.append((src, lay.send_token_idx[off[me]:off[me + 1]]))
+            counts.append(lay.tokens_per_expert[me * local:(me + 1) * local] if expert else lay.send_counts[me:me + 1])
+        counts = np.array(counts, dtype=np.int64).reshape(world, local)
+        return (eng.check_counts(b.state, counts)
+                and eng.check_rows(b.state, sources, regroup_perm(counts) if expert else None)
+                and eng.check_combine(b.state, M.combine_factor(plan.layout, expert), expert))
 
 
 @register
@@ -157,7 +139,7 @@ class MoE(Benchmark):
     name = "moe"
     sized = False
     min_world = 1
-    cpu_only = True
+    host_only_on = ("mpi",)  # the host path needs CPU buffers; torch backends run the device path
     params = {
         "tokens": Param(4096, "tokens per rank", int, minimum=1),
         "hidden": Param(7168, "hidden size H", int, minimum=1),
@@ -293,145 +275,72 @@ class MoE(Benchmark):
         return None
 
     # --- setup ------------------------------------------------------------------
+    @staticmethod
+    def path(comm):
+        """The device path where the backend has one (torch: gloo, nccl), else the host path."""
+        engine = comm.device_moe()
+        return DevicePath(engine) if engine is not None else HostPath()
+
     def setup(self, comm, point):
         p, world, rank = point.params, comm.size, comm.rank
         routing_for = self.routing_for(p, world)
         r = routing_for(rank)
         layout = send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
-        matrix = M.global_layout(routing_for, p["experts"], world, p["copies"])
-        local = p["experts"] // world if p["copies"] == "expert" else 1
-        rb_d, rb_c = M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16")
-        n_send, n_recv = layout.num_rows, int(matrix[:, rank].sum())
-        if comm.backend == "mpi" and max(n_send, n_recv) * max(rb_d, rb_c) > INT_MAX:
-            raise UsageError(f"moe: rank {rank} would move {max(n_send, n_recv) * max(rb_d, rb_c)} bytes in one call, "
-                             f"over the 2^31-1 count MPI takes without MPI-4 large-count calls: fewer tokens")
-        expert = p["copies"] == "expert"
-        return MoEBufs(
-            point, routing_for, r.topk_idx, r.weights, layout, matrix, local, rb_d, rb_c,
-            make_x(rank, p["tokens"], rb_d),
-            comm.alloc(n_send * rb_d, "uint8"), comm.alloc(n_recv * rb_d, "uint8"),
-            comm.alloc(n_recv * rb_c, "uint8"), comm.alloc(n_send * rb_c, "uint8"),
-            comm.alloc(world * local, "int32"), comm.alloc(world * local, "int32"),
-            np.empty((n_recv, rb_d), np.uint8) if expert else None,
-            np.empty((n_recv, rb_c), np.uint8) if expert else None,
-        )
+        plan = MoEPlan(point, routing_for, rank, r.topk_idx, r.weights, layout,
+                       M.global_layout(routing_for, p["experts"], world, p["copies"]),
+                       p["experts"] // world if p["copies"] == "expert" else 1,
+                       M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16"))
+        path = self.path(comm)
+        b = path.setup(comm, plan)
+        b.path = path
+        return b
 
     def fill(self, comm, b):
-        comm.host_view(b.recv_d)[:] = 0
-        comm.host_view(b.recv_c)[:] = 0
+        b.path.fill(comm, b)
 
-    # --- the operations ---------------------------------------------------------
+    # --- the operations (each path's own; lap() after each of its stages) ---------------
     def dispatch(self, comm, b, lap=_no_lap):
-        """One dispatch; lap() after each of DISPATCH_STAGES (the harness's clock)."""
-        p, world = b.point.params, comm.size
-        lay = send_order(M.dispatch_layout(b.topk, p["experts"], world, p["copies"], weights=b.weights))
-        cs = comm.host_view(b.counts_send)
-        cs[:] = lay.tokens_per_expert if p["copies"] == "expert" else lay.send_counts
-        lap()
-        comm.all_to_all(b.counts_send, b.counts_recv)()
-        per = self._counts_matrix(comm, b)
-        recv_counts = per.sum(axis=1)
-        lap()
-        # Expert copies land regrouped by local expert (Megatron's sort_chunks_by_idxs):
-        # arrival j goes to row recv_rows[j]; rank copies stay grouped by source (DeepEP).
-        b.recv_rows = inverse_perm(regroup_perm(per)) if b.expert_in is not None else None
-        ex = comm.rows_all_to_all(b.rb_d, b.x, lay.send_token_idx, lay.send_counts, b.expert_in, recv_counts,
-                                  b.recv_rows, b.send_d, b.recv_d)
-        ex.pack()
-        lap()
-        ex.run()
-        lap()
-        ex.unpack()
-        lap()
-        b.pack_method = ex.method
-        return per
+        b.path.dispatch(comm, b, lap)
 
-    def experts(self, comm, b, per):
-        """Identity experts (untimed): each output row is its input token's value in bf16,
-        read from the header the row arrived with."""
-        rows_in = b.expert_in if b.expert_in is not None else comm.host_view(b.recv_d).reshape(-1, b.rb_d)
-        hdr = np.ascontiguousarray(rows_in[:, :HEADER]).view(np.int32)
-        vals = _bf16(token_value(hdr[:, 0], hdr[:, 1]))
-        out = b.expert_out if b.expert_out is not None else comm.host_view(b.send_c).reshape(-1, b.rb_c)
-        out.view(np.uint16)[:] = vals[:, None]
+    def experts(self, comm, b):
+        """Identity experts, untimed."""
+        b.path.experts(comm, b)
 
     def combine(self, comm, b, lap=_no_lap):
-        """One combine; lap() after each of COMBINE_STAGES."""
-        lay = b.layout
-        # Expert copies go back in arrival order: the row that arrived j-th sits at
-        # recv_rows[j] of the expert output.
-        ex = comm.rows_all_to_all(b.rb_c, b.expert_out, b.recv_rows, b.matrix[:, comm.rank], None, lay.send_counts, None,
-                                  b.send_c, b.recv_c)
-        ex.pack()
-        lap()
-        ex.run()
-        lap()
-        back = comm.host_view(b.recv_c).view(np.uint16).reshape(lay.num_rows, -1)
-        b.out = reduce_bf16_rows(back, lay, b.point.params["tokens"], weighted=lay.copies == "expert")
-        lap()
+        b.path.combine(comm, b, lap)
 
     def op(self, comm, b):
         def round_trip():
-            per = self.dispatch(comm, b)
-            self.experts(comm, b, per)
+            self.dispatch(comm, b)
+            self.experts(comm, b)
             self.combine(comm, b)
         return round_trip
 
-    # --- correctness --------------------------------------------------------------
     def check(self, comm, b):
-        p, world, me = b.point.params, comm.size, comm.rank
-        got_counts = self._counts_matrix(comm, b).sum(axis=1)
-        if not np.array_equal(got_counts, b.matrix[:, me]):
-            return False
-        # Every row I received, in order: grouped by source, each source's rows in its send order.
-        want = []
-        for src in range(world):
-            r = b.routing_for(src)
-            lay = send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
-            off = lay.send_offsets
-            want.append(make_x(src, p["tokens"], b.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
-            if p["copies"] == "expert":  # per-expert counts as exchanged
-                local = p["experts"] // world
-                got = comm.host_view(b.counts_recv).reshape(world, local)[src]
-                if not np.array_equal(got, lay.tokens_per_expert[me * local:(me + 1) * local]):
-                    return False
-        got = comm.host_view(b.recv_d).reshape(-1, b.rb_d)
-        if b.expert_in is not None:  # arrivals were placed regrouped by expert: undo that
-            got = b.expert_in[b.recv_rows]
-        if not np.array_equal(got, np.concatenate(want) if want else got):
-            return False
-        # combine(dispatch(x)) with identity experts: x times the copies (rank), or x times
-        # the sum of its weights (expert, weighted; float32 sums: rtol 1e-5).
-        x = token_value(me, np.arange(p["tokens"]))
-        weighted = p["copies"] == "expert"
-        expect = (x * M.combine_factor(b.layout, weighted)).astype(np.float32)
-        got = b.out
-        if got is None or got.shape[0] != p["tokens"]:
-            return False
-        if weighted:
-            return bool(np.allclose(got, expect[:, None], rtol=1e-5, atol=0))
-        return bool(np.array_equal(got, np.broadcast_to(expect[:, None], got.shape)))
+        return b.path.check(comm, b)
 
     # --- measurement --------------------------------------------------------------
     def measure(self, harness, comm, point, b):
         p, world, me = point.params, comm.size, comm.rank
+        plan = b.plan
         nodes = getattr(comm, "node_of_rank", None)
         nodes = np.zeros(world, np.int64) if nodes is None else np.asarray(nodes)[:world]
-        recv_counts = b.matrix[:, me]
+        recv_counts = plan.matrix[:, me]
         rows = []
-        per = None
-        for stage, names, rb in (("dispatch", DISPATCH_STAGES, b.rb_d), ("combine", COMBINE_STAGES, b.rb_c)):
+        for stage, names, rb in (("dispatch", b.path.dispatch_stages, plan.rb_d),
+                                 ("combine", b.path.combine_stages, plan.rb_c)):
             if stage == "combine":
-                self.experts(comm, b, per)
+                self.experts(comm, b)
             fn = self.dispatch if stage == "dispatch" else self.combine
 
             # Bytes per rank (dispatch side counts; combine counts them at the expert side,
             # as DeepEP does), then the most loaded rank's figure.
-            acc = M.dispatch_bytes(b.layout.send_counts, recv_counts, me, nodes, rb)
+            acc = M.dispatch_bytes(plan.layout.send_counts, recv_counts, me, nodes, rb)
             keys = ("logical_nbytes", "remote_nbytes", "scaleup_nbytes", "scaleout_nbytes")
             mine = [acc[k] for k in keys] + [max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]
             *mx, moved = comm.max_over_ranks(np.array(mine, dtype=np.float64))
             traffic = Traffic(int(moved), self.busbw_factor(world))
+            # No hold on a device: the torch path's sync stage waits for the device on the host.
             frag, _ = harness.time_steps(comm, point, lambda lap, fn=fn: fn(comm, b, lap), traffic, stage=stage,
                                          laps=names)
             t_us = frag["time_us_p50"]
@@ -441,12 +350,10 @@ class MoE(Benchmark):
             for k, v in zip(keys, mx):
                 extra[k] = int(v)
                 extra[k.replace("_nbytes", "_gbps")] = v / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
-            if stage == "dispatch":
-                per = self._counts_matrix(comm, b)
             rows.append({**frag, "nbytes": int(moved), "dtype": p[f"{stage}_dtype"], **extra})
-        load = b.matrix.sum(axis=0)
+        load = plan.matrix.sum(axis=0)
         imb, hot = M.load_imbalance(load)
-        info = {"load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
+        info = {"path": b.path.name, "load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
                 "recv_rows_mean": float(load.mean()), "payload_carried_as": "uint8",
                 "pack_method": b.pack_method,
                 "bandwidth_note": "bytes of the most loaded rank / slowest-rank p50"}
@@ -454,9 +361,6 @@ class MoE(Benchmark):
             exp_imb, _ = M.expected_load_imbalance(p["routing"], p["experts"], p["topk"], world,
                                                    seed=p["seed"], **self.routing_params(p, world))
             info["expected_load_max_over_mean"] = float(exp_imb)
+        info.update(b.path.row_info(b))
+        b.path.release(comm, b)
         return [{**r, **info} for r in rows]
-
-    @staticmethod
-    def _counts_matrix(comm, b) -> np.ndarray:
-        """The exchanged counts as [source, local expert] (one column for rank copies)."""
-        return comm.host_view(b.counts_recv).reshape(comm.size, b.local).astype(np.int64)
