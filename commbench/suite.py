@@ -296,6 +296,10 @@ def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
         if host_only:
             raise UsageError(f"{host_only[0]} packs rows on the host on {backend}: CPU buffers only there "
                              f"(on GPUs, --backend nccl runs it on the device)")
+    for name in cfg.benchmarks:
+        why = get(name).refusal(backend, device, cfg.params.get(name, {}))
+        if why:
+            raise UsageError(why)
     if cfg.cuda_graph and backend != "nccl":
         raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
                          "cannot capture them")

@@ -73,7 +73,7 @@ def test_mpi_every_routing_both_copies(tmp_path):
     out, df = _run(tmp_path, "mpi", 4, ["--param", f"moe.routing={ROUTINGS}", "--param", "moe.copies=rank,expert"])
     _assert_rows(df, ROUTINGS.split(","), 4)
     assert set(df["world"]) == {2, 4}
-    assert set(df["path"]) == {"host"} and df["pack_method"].str.startswith("MPI_Alltoallw").all()
+    assert set(df["engine"]) == {"host"} and df["pack_method"].str.startswith("MPI_Alltoallw").all()
 
 
 @needs_mpi
@@ -94,7 +94,7 @@ def test_bytes_and_bandwidth_match_the_layout(tmp_path):
 def test_gloo_every_routing_both_copies(tmp_path):
     out, df = _run(tmp_path, "gloo", 2, ["--param", f"moe.routing={ROUTINGS}", "--param", "moe.copies=rank,expert"])
     _assert_rows(df, ROUTINGS.split(","), 2)
-    assert set(df["path"]) == {"torch"}  # gloo runs the device path, on CPU tensors
+    assert set(df["engine"]) == {"torch"}  # gloo runs the device path, on CPU tensors
 
 
 @needs_mpi

@@ -221,7 +221,7 @@ def test_gloo_torch_path_every_copy_and_dtype_at_2_and_4_ranks(tmp_path):
     df = load(out)
     assert (df["check"] == "ok").all(), df[["world", "params", "stage", "check"]]
     assert set(df["world"]) == {2, 4} and len(df) == 2 * 2 * 2 * 2 * 2
-    assert set(df["path"]) == {"torch"} and set(df["payload_carried_as"]) == {"uint8"}
+    assert set(df["engine"]) == {"torch"} and set(df["payload_carried_as"]) == {"uint8"}
     assert df["pack_method"].str.contains("all_to_all_single").all()
     d = df[df["stage"] == "dispatch"]
     for s in ("layout", "counts", "sync", "pack", "a2a", "unpack"):
@@ -244,4 +244,4 @@ def test_check_catches_dropped_and_misrouted_rows_on_the_torch_path(tmp_path, be
                 env={"COMMBENCH_PLUGINS": "moe_drop_plugin"})
     assert p.returncode == 1 and "failed the data check" in p.stderr, p.stderr[-3000:]
     df = load(out)
-    assert set(df["check"]) == {"fail"} and set(df["path"]) == {"torch"} and len(df) == 4
+    assert set(df["check"]) == {"fail"} and set(df["engine"]) == {"torch"} and len(df) == 4

@@ -87,6 +87,11 @@ class Benchmark:
     even_world: bool = False
     host_only_on: tuple = ()  # backends on which it works on host memory: refused there with GPU buffers
 
+    def refusal(self, backend: str, device: str, params: dict) -> str | None:
+        """Why this backend cannot run the benchmark with these params (the suite's table,
+        values or sweep lists), said before any rank starts; None when it can."""
+        return None
+
     def unit_nbytes(self, world: int, elem_nbytes: int, params: dict) -> int:
         """Granularity of S: a size must be a multiple of this to split evenly."""
         return elem_nbytes

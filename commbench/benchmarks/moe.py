@@ -5,7 +5,7 @@ Each rank holds `tokens` tokens of `hidden` elements; a seeded router picks `top
 token's activations to the ranks hosting its experts; combine sends the expert outputs back
 and reduces them at the source. Both are timed separately, with their stages.
 
-Two implementations of the same exchange (rows say which ran, in `path`):
+Two implementations of the same exchange (rows say which ran, in `engine`):
 
 - torch (Comm.device_moe(): gloo on CPU tensors, nccl on CUDA tensors, one code,
   backends/torch_moe.py): layout, counts, sync, pack, a2a, unpack on the device; fp8 rows
@@ -36,7 +36,10 @@ import numpy as np
 from .. import moe as M
 from ..errors import UsageError
 from .base import Benchmark, Param, Traffic, register
-from .moe_host import HEADER, HostPath, _no_lap, regroup_perm, send_order
+from .moe_host import HEADER, ExchangePath, HostPath, _no_lap, regroup_perm, send_order
+
+MODES = ("normal", "low_latency")
+PATHS = ("flat", "hierarchical")
 
 @dataclass
 class MoEPlan:
@@ -76,7 +79,7 @@ class DeviceBufs:
     pack_method: str
 
 
-class DevicePath:
+class DevicePath(ExchangePath):
     """The torch engine (backends/torch_moe.py) driven stage by stage; its checks get their
     expectations from the host's regenerated layouts, an implementation independent of
     the device layout they check."""
@@ -156,6 +159,14 @@ class MoE(Benchmark):
         "max_groups": Param(4, "group_limited: groups a token may reach (M)", int, minimum=1),
         "groups": Param(0, "group_limited: expert groups (0: one per rank)", int, minimum=0),
         "seed": Param(0, "routing seed", int, minimum=0),
+        "mode": Param("normal", "normal: counts exchanged, split sizes synced to the host (DeepEP normal, Megatron); "
+                      "low_latency: a fixed capacity per (source, expert), no count exchange, no host sync "
+                      "(DeepEP's decode kernels; copies=expert)", str, choices=MODES),
+        "capacity": Param(0, "low_latency: row slots per (source rank, expert); 0: tokens per rank, which never "
+                          "overflows", int, minimum=0),
+        "path": Param("flat", "flat: one all_to_all; hierarchical: across nodes once per (token, node) to the peer "
+                      "with the same local rank, then over the scale-up tier inside the node (DeepEP internode)",
+                      str, choices=PATHS),
     }
 
     stages = 2
@@ -223,8 +234,18 @@ class MoE(Benchmark):
     def canonical_params(self, params):
         own = {"zipf": ("alpha",), "hot_rank": ("ratio",), "group_limited": ("max_groups", "groups")}
         keep = own.get(params["routing"], ())
-        return {k: (v if k not in ("alpha", "ratio", "max_groups", "groups") or k in keep else self.params[k].default)
-                for k, v in params.items()}
+        if params.get("mode") == "low_latency":
+            keep += ("capacity",)
+        return {k: (v if k not in ("alpha", "ratio", "max_groups", "groups", "capacity") or k in keep
+                    else self.params[k].default) for k, v in params.items()}
+
+    def refusal(self, backend: str, device: str, params: dict) -> str | None:
+        """The host path (mpi) has one flat, normal exchange."""
+        asked = {k: v for k, v in params.items() if k in ("mode", "path")}
+        odd = [f"{k}={v}" for k, v in asked.items() if (v if isinstance(v, list) else [v]) != [self.params[k].default]]
+        if backend in self.host_only_on and odd:
+            return f"moe {', '.join(odd)} runs on the device path (gloo, nccl), not on {backend}"
+        return None
 
     def routing_for(self, p: dict, world: int):
         own = self.routing_params(p, world)
@@ -244,6 +265,11 @@ class MoE(Benchmark):
             raise UsageError(f"moe: {e}") from None
         if p["hidden"] * 2 < HEADER:
             raise UsageError(f"moe: hidden {p['hidden']} is too small to carry a row header")
+        if p["mode"] == "low_latency" and p["copies"] != "expert":
+            raise UsageError("moe: mode=low_latency sends one row per (token, expert), as DeepEP's decode kernels "
+                             "do: use copies=expert")
+        if p["mode"] == "low_latency" and p["path"] != "flat":
+            raise UsageError("moe: mode=low_latency is one flat exchange (DeepEP's decode kernels): use path=flat")
 
     def busbw_factor(self, world):
         return (world - 1) / world
@@ -276,10 +302,21 @@ class MoE(Benchmark):
 
     # --- setup ------------------------------------------------------------------
     @staticmethod
-    def path(comm):
-        """The device path where the backend has one (torch: gloo, nccl), else the host path."""
+    def path(comm, params: dict):
+        """The device path where the backend has one (torch: gloo, nccl), in the mode and
+        path asked; else the host path (refused for anything but flat normal: refusal())."""
         engine = comm.device_moe()
-        return DevicePath(engine) if engine is not None else HostPath()
+        if engine is None:
+            return HostPath()
+        if params["mode"] == "low_latency":
+            from .moe_ll import LowLatencyPath
+
+            return LowLatencyPath(engine)
+        if params["path"] == "hierarchical":
+            from .moe_hier import HierarchicalPath
+
+            return HierarchicalPath(engine)
+        return DevicePath(engine)
 
     def setup(self, comm, point):
         p, world, rank = point.params, comm.size, comm.rank
@@ -290,7 +327,7 @@ class MoE(Benchmark):
                        M.global_layout(routing_for, p["experts"], world, p["copies"]),
                        p["experts"] // world if p["copies"] == "expert" else 1,
                        M.token_bytes(p["hidden"], p["dispatch_dtype"]), M.token_bytes(p["hidden"], "bf16"))
-        path = self.path(comm)
+        path = self.path(comm, p)
         b = path.setup(comm, plan)
         b.path = path
         return b
@@ -325,7 +362,6 @@ class MoE(Benchmark):
         plan = b.plan
         nodes = getattr(comm, "node_of_rank", None)
         nodes = np.zeros(world, np.int64) if nodes is None else np.asarray(nodes)[:world]
-        recv_counts = plan.matrix[:, me]
         rows = []
         for stage, names, rb in (("dispatch", b.path.dispatch_stages, plan.rb_d),
                                  ("combine", b.path.combine_stages, plan.rb_c)):
@@ -335,14 +371,15 @@ class MoE(Benchmark):
 
             # Bytes per rank (dispatch side counts; combine counts them at the expert side,
             # as DeepEP does), then the most loaded rank's figure.
-            acc = M.dispatch_bytes(plan.layout.send_counts, recv_counts, me, nodes, rb)
+            acc = b.path.accounting(plan, me, nodes, rb)
             keys = ("logical_nbytes", "remote_nbytes", "scaleup_nbytes", "scaleout_nbytes")
             mine = [acc[k] for k in keys] + [max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]
             *mx, moved = comm.max_over_ranks(np.array(mine, dtype=np.float64))
             traffic = Traffic(int(moved), self.busbw_factor(world))
-            # No hold on a device: the torch path's sync stage waits for the device on the host.
+            # Held on a device only where the step never waits for it on the host (the normal
+            # mode's sync stage does).
             frag, _ = harness.time_steps(comm, point, lambda lap, fn=fn: fn(comm, b, lap), traffic, stage=stage,
-                                         laps=names)
+                                         laps=names, hold=b.path.hold)
             t_us = frag["time_us_p50"]
             extra = {}
             a2a = frag["stage_us_a2a"]
@@ -350,10 +387,11 @@ class MoE(Benchmark):
             for k, v in zip(keys, mx):
                 extra[k] = int(v)
                 extra[k.replace("_nbytes", "_gbps")] = v / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+            extra.update(b.path.stage_info(acc, stage))
             rows.append({**frag, "nbytes": int(moved), "dtype": p[f"{stage}_dtype"], **extra})
         load = plan.matrix.sum(axis=0)
         imb, hot = M.load_imbalance(load)
-        info = {"path": b.path.name, "load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
+        info = {"engine": b.path.name, "load_max_over_mean": imb, "hottest_rank": hot, "recv_rows_max": int(load.max()),
                 "recv_rows_mean": float(load.mean()), "payload_carried_as": "uint8",
                 "pack_method": b.pack_method,
                 "bandwidth_note": "bytes of the most loaded rank / slowest-rank p50"}

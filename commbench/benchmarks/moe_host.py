@@ -129,7 +129,28 @@ class HostBufs:
     path: object = None
 
 
-class HostPath:
+class ExchangePath:
+    """What the MoE benchmark asks of a path besides its stages: the bytes one rank moves
+    per tier (the flat all_to_all's, from the routing's counts, by default), row fields of
+    its own, and a release after the point."""
+
+    hold = False  # a step that never waits for the device on the host may be timed held
+
+    def accounting(self, plan, rank: int, node_of_rank, row_nbytes: int) -> dict:
+        return M.dispatch_bytes(plan.layout.send_counts, plan.matrix[:, rank], rank, node_of_rank, row_nbytes)
+
+    def stage_info(self, acc: dict, stage: str) -> dict:
+        """Row fields of one stage from its accounting (the low-latency path's padded bytes)."""
+        return {}
+
+    def row_info(self, b) -> dict:
+        return {}
+
+    def release(self, comm, b) -> None:
+        pass
+
+
+class HostPath(ExchangePath):
     """Layout, packing and reduction in numpy on host buffers; the rows move through
     comm.rows_all_to_all (MPI datatypes on mpi, a staging gather/scatter elsewhere)."""
 
