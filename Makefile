@@ -35,8 +35,14 @@ MOE_TOKENS ?=
 moe: install
 	$(PY) -m commbench run moe $(if $(NP),--np $(NP)) $(if $(MOE_TOKENS),--param moe.tokens=$(MOE_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
-moe-decode moe-skew: install
+moe-skew: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# Decode runs DeepEP's low-latency mode, which is the device path's (gloo on CPU tensors,
+# nccl on GPUs); mpi's host path has the normal mode only.
+DECODE_BACKEND ?= $(shell test -n "$$(ls /proc/driver/nvidia/gpus 2>/dev/null)" && echo nccl || echo gloo)
+moe-decode: install
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --backend $(or $(BACKEND),$(DECODE_BACKEND)) $(ARGS)
 
 # All-reduce overlapped with a matmul (commbench/suites/overlap.toml, a few minutes on the 2-core loopback).
 # 2 ranks unless NP is given: each rank's compute needs a core of its own, and more ranks

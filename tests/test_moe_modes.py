@@ -57,3 +57,66 @@ def test_low_latency_padded_and_useful_by_hand():
                  "overflow_rows": 1}
     with pytest.raises(ValueError):
         A.low_latency_rows([1], [[1]], 0)
+
+
+# --- low-latency mode through the CLI (gloo: the device path on CPU tensors) --------------
+
+SMALL = ["--param", "tokens=64", "--param", "hidden=256", "--param", "experts=8", "--param", "topk=2",
+         "--param", "copies=expert", "--param", "mode=low_latency"]
+
+
+def _rows(out):
+    import json
+
+    return [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("np_,routing", [(2, "uniform"), (4, "zipf")])
+def test_low_latency_on_gloo_checks_and_counts_the_padding(tmp_path, np_, routing):
+    pytest.importorskip("torch")
+    from commbench.moe import make_routing
+    from conftest import run_cli
+
+    out = tmp_path / "ll"
+    r = run_cli("run", "moe", "--backend", "gloo", "--np", np_, "--worlds", np_, "--check", "--iters", "3",
+                "--warmup", "1", *SMALL, "--param", f"routing={routing}", "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = _rows(out)
+    assert {x["check"] for x in rows} == {"ok"} and {x["engine"] for x in rows} == {"torch"}
+    assert [x["stage"] for x in rows] == ["dispatch", "combine"]
+    assert "stage_us_sync" not in rows[0] and "stage_us_counts" not in rows[0]  # nothing waits on the host
+    # Rank 0's figures, by hand: E regions of C = T slots plus a header row each, fp8 rows of
+    # H + H/32 bytes; useful = the (token, expert) rows its routing holds.
+    d = rows[0]
+    E, T, K, rb = 8, 64, 2, 256 + 256 // 32
+    assert d["capacity"] == T and d["overflow_rows"] == 0
+    assert d["padded_sent_nbytes"] == (E * T + E) * rb and d["useful_sent_nbytes"] == T * K * rb
+    got = sum(int((make_routing(routing, num_tokens=T, num_experts=E, top_k=K, rank=s, world=np_, seed=0,
+                                **({"alpha": 1.0} if routing == "zipf" else {})).topk_idx // (E // np_) == 0).sum())
+              for s in range(np_))
+    assert d["useful_recv_nbytes"] == got * rb and d["padded_recv_nbytes"] == (E * T + E) * rb
+
+
+def test_low_latency_capacity_too_small_overflows_and_the_check_says_so(tmp_path):
+    pytest.importorskip("torch")
+    from conftest import run_cli
+
+    out = tmp_path / "ll"
+    r = run_cli("run", "moe", "--backend", "gloo", "--np", 2, "--worlds", 2, "--check", "--iters", "2",
+                "--warmup", "1", *SMALL, "--param", "capacity=2", "--out", out)
+    assert r.returncode == 1  # dropped tokens never come back: the combine check fails
+    rows = _rows(out)
+    assert rows[0]["overflow_rows"] > 0 and {x["check"] for x in rows} == {"fail"}
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--backend", "gloo", "--param", "copies=rank"], "use copies=expert"),
+    (["--backend", "mpi", "--param", "copies=expert"], "runs on the device path"),
+])
+def test_low_latency_refusals(tmp_path, args, why):
+    from conftest import run_cli
+
+    r = run_cli("run", "moe", "--np", 2, "--param", "mode=low_latency", "--param", "tokens=64", *args,
+                "--out", tmp_path / "x")
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()

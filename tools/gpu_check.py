@@ -264,16 +264,26 @@ class Check:
         return f"{len(rows)} rows, variants {', '.join(sorted({r.get('variant') for r in rows}))}"
 
     def step_moe(self) -> str:
-        run_dir = self.out / "moe"
-        cp = run_cmd(self.cli("run", "moe", "--np", "1", "--backend", "nccl", "--worlds", "1", "--check",
-                              "--param", "tokens=512", "--out", str(run_dir)), self.out / "moe.log", self.timeout)
-        if cp.returncode == 2 and "CPU backends" in cp.stderr:
-            raise Skip(one_line(cp.stderr))
-        if cp.returncode:
-            raise Failed(exit_reason(cp))
-        rows = read_rows(run_dir)
-        check_rows(rows, None)
-        return "; ".join(f"{r.get('stage')} {fmt_us(r.get('time_us_p50'))}" for r in rows)
+        """moe at world 1 on nccl, checks on: normal mode at the full DeepSeek-V3 shape (T=4096,
+        H=7168, top-8 of 256, fp8) with the stage times and bytes beside the HBM copy rate, and
+        the low-latency mode at the decode shape (T=128), held."""
+        out = []
+        for name, extra in (("moe", ["--param", "copies=rank,expert"]),
+                            ("moe-ll", ["--param", "tokens=128", "--param", "copies=expert",
+                                        "--param", "mode=low_latency"])):
+            run_dir = self.out / name
+            cp = run_cmd(self.cli("run", "moe", "--np", "1", "--backend", "nccl", "--worlds", "1", "--check",
+                                  *extra, "--out", str(run_dir)), self.out / f"{name}.log", self.timeout)
+            if cp.returncode:
+                raise Failed(f"{name}: {exit_reason(cp)}")
+            rows = read_rows(run_dir)
+            check_rows(rows, None)
+            self.data[name] = rows
+            for r in rows:
+                stages = " ".join(f"{k[9:]}={v:.0f}" for k, v in r.items() if k.startswith("stage_us_"))
+                out.append(f"{name} {r['params'].get('copies')} {r.get('stage')} {fmt_us(r.get('time_us_p50'))} "
+                           f"[{stages}]")
+        return "; ".join(out)
 
     def step_mpi_cupy(self) -> str:
         import importlib.util

@@ -323,6 +323,12 @@ class TorchMoE:
         torch.set_num_threads(threads)
         return before, threads
 
+    def low_latency(self):
+        """The low-latency mode's engine (backends/torch_moe_ll.py), on this one's rows."""
+        from .torch_moe_ll import LowLatencyMoE
+
+        return LowLatencyMoE(self)
+
     def release(self, st: MoEState) -> None:
         """The thread count as it was before limit_threads."""
         if st.threads_before is not None:

@@ -23,8 +23,12 @@ def shape(p: dict, terminal: bool = True) -> str:
     axis = SKEW_AXES.get(p.get("routing"))
     skew = f" {axis[1] if terminal else axis[2]}={p.get(axis[0])}" if axis else ""
     copies = f"{p.get('copies')} " if terminal else ""
+    # The dispatch's mode and path, where they are not the default one (normal, flat).
+    modes = "".join(f" {v}" for v in (p.get("mode"), p.get("path")) if v not in (None, "normal", "flat"))
+    if p.get("mode") == "low_latency" and p.get("capacity"):
+        modes += f" cap={p['capacity']}"
     return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
-            f"{copies}{p.get('routing')}{skew}")
+            f"{copies}{p.get('routing')}{skew}{modes}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ from .accounting import (
     dispatch_copies_per_token,
     dispatch_volume_nbytes,
     expected_dest_ranks,
+    forwarder,
+    hierarchical_rows,
+    local_index,
+    low_latency_rows,
     q_at_least_one,
     token_bytes,
 )
@@ -35,4 +39,5 @@ __all__ = [
     "combine_factor", "combine_expected", "combine_reduce", "load_imbalance",
     "token_bytes", "dispatch_bytes", "q_at_least_one", "expected_dest_ranks",
     "dispatch_copies_per_token", "dispatch_volume_nbytes",
+    "hierarchical_rows", "low_latency_rows", "forwarder", "local_index",
 ]
