@@ -483,3 +483,13 @@ def test_gpu_check_judges_against_the_nccl_tests_figures():
     got = dict((t.split(":")[0], v) for t, v in gc.reference_lines(data))
     assert got["held out-of-place all_reduce 8 B-256 KiB"] == "MISS" and got["held all_reduce 16 MiB"] == "MISS"
     assert got["--cuda-graph out-of-place"] == "MISS"
+
+
+def test_gpu_check_moe_rates_against_the_hbm_copy_rate():
+    gc = _load_gpu_check()
+    rows = [{"stage": "dispatch", "params": {"copies": "rank"}, "logical_nbytes": 2e8, "stage_us_layout": 10.0,
+             "stage_us_pack": 50.0, "stage_us_unpack": 40.0, "stage_us_a2a": 500.0},
+            {"stage": "combine", "params": {"copies": "rank"}, "logical_nbytes": 4e8, "stage_us_reduce": 400.0}]
+    lines = gc.moe_rates(rows, 2120.0)
+    assert "layout+pack+unpack 100.0 us for 200.0 MB: 2000 GB/s = 0.94 of the HBM copy rate 2120" in lines[0]
+    assert "reduce 400.0 us for 400.0 MB: 1000 GB/s = 0.47" in lines[1]

@@ -387,7 +387,32 @@ def reference_lines(data: dict) -> list[tuple[str, str]]:
     return out
 
 
+def moe_rates(rows: list[dict], copy_gbps: float | None) -> list[str]:
+    """The device path's own work beside the HBM copy rate (issue target: at least half):
+    layout + pack + unpack move the dispatched rows once each way (received rows, the most
+    loaded rank's logical bytes, both into and out of the send and receive tables), the
+    combine reduce reads the returned rows."""
+    out = []
+    for r in rows:
+        p50 = {k[9:]: v for k, v in r.items() if k.startswith("stage_us_")}
+        moved = float(r.get("logical_nbytes") or 0)
+        if r.get("stage") == "dispatch":
+            t = sum(p50.get(k, 0.0) for k in ("layout", "pack", "unpack"))
+            what = "layout+pack+unpack"
+        else:
+            t = p50.get("reduce", 0.0)
+            what = "reduce"
+        if t > 0 and moved > 0:
+            gbps = moved / (t * 1e3)
+            ratio = f" = {gbps / copy_gbps:.2f} of the HBM copy rate {copy_gbps:.0f} GB/s" if copy_gbps else ""
+            out.append(f"moe {r['params'].get('copies')} {r['stage']}: {what} {t:.1f} us for {moved / 1e6:.1f} MB: "
+                       f"{gbps:.0f} GB/s{ratio}")
+    return out
+
+
 def print_figures(data: dict) -> None:
+    for line in moe_rates(data.get("moe", []), (data.get("hbm") or {}).get("copy_gbps")):
+        print(f"  {line}")
     runs = [r for r in ("nccl-held", "nccl-in-place", "nccl-unheld", "nccl-per-op", "nccl-graph",
                         "nccl-graph-in-place") if r in data]
     if not runs:
@@ -432,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [n for n, s, _ in results if s == "FAIL"]
     (out / "summary.json").write_text(json.dumps(
         {"steps": [{"step": n, "status": s, "text": t} for n, s, t in results],
-         "figures": {k: ({b: {str(n): v for n, v in d.items()} for b, d in v.items()} if k != "hbm" else v)
-                     for k, v in chk.data.items()}}, indent=2, default=str) + "\n")
+         "figures": {k: ({b: {str(n): v for n, v in d.items()} for b, d in v.items()}
+                         if k.startswith("nccl") or k == "mpi-cupy" else v) for k, v in chk.data.items()}}, indent=2, default=str) + "\n")
     print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all steps passed or skipped'} ({out})")
     return 1 if failed else 0
 

@@ -283,6 +283,12 @@ class TorchMoE:
         self.comm = comm
         self.device = comm.tdev
 
+    def hierarchical(self):
+        """The two-tier (scale-out, then scale-up) variant of this engine."""
+        from .torch_moe_hier import HierMoE
+
+        return HierMoE(self)
+
     # --- setup (untimed) -------------------------------------------------------------
     def setup(self, topk: np.ndarray, weights: np.ndarray, num_experts: int, copies: str, hidden: int,
               dtype: str, n_send: int, n_recv: int) -> MoEState:

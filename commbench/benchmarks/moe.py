@@ -382,7 +382,8 @@ class MoE(Benchmark):
                                          laps=names, hold=b.path.hold)
             t_us = frag["time_us_p50"]
             extra = {}
-            a2a = frag["stage_us_a2a"]
+            # The hierarchical path has two all-to-all stages (a2a_out, a2a_in).
+            a2a = sum(v for k, v in frag.items() if k.startswith("stage_us_a2a"))
             extra["outside_a2a_pct"] = 100.0 * max(0.0, t_us - a2a) / t_us if t_us > 0 else 0.0
             for k, v in zip(keys, mx):
                 extra[k] = int(v)
