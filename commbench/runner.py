@@ -111,7 +111,9 @@ class Harness:
         frag, _ = self._sample(comm, timer, traffic, stage)
         # A device backend names its clock per call (held batches or not); graphs and the
         # compiled loop are named here.
-        return {**frag, "clock": clock_name(graph, comm, op) if graph or "clock" not in frag else frag["clock"]}
+        if graph or "clock" not in frag:
+            frag["clock"] = clock_name(graph, comm, op)
+        return frag
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
                    barrier_each: bool | None = None, after_each=None, hold: bool = False) -> tuple[dict, np.ndarray]:
@@ -324,7 +326,7 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
     done: set = set()
     if ctx.is_root:
         rd = ctx.run_dir
-        meta = rd.read_meta() if rd.holds_run() or rd.meta_path.is_file() else {}
+        meta = rd.read_meta()  # {} for a new run
         if meta:
             done = rd.done_keys()
             if resume:
