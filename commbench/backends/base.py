@@ -119,9 +119,10 @@ class Comm:
                         stage_send, stage_recv) -> RowsExchange:
         return RowsExchange(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
-    def device_moe(self):
-        """The backend's MoE dispatch/combine engine on its own tensors (torch:
-        backends/torch_moe.TorchMoE), or None: the moe benchmark then packs rows on the host."""
+    def device_moe(self, kind: str = "normal"):
+        """The backend's MoE dispatch/combine engine on its own tensors, for kind normal,
+        low_latency or hierarchical (torch: backends/torch_moe*.py), or None: the moe
+        benchmark then packs rows on the host."""
         return None
 
     # --- non-blocking -----------------------------------------------------------

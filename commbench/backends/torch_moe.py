@@ -283,12 +283,6 @@ class TorchMoE:
         self.comm = comm
         self.device = comm.tdev
 
-    def hierarchical(self):
-        """The two-tier (scale-out, then scale-up) variant of this engine."""
-        from .torch_moe_hier import HierMoE
-
-        return HierMoE(self)
-
     # --- setup (untimed) -------------------------------------------------------------
     def setup(self, topk: np.ndarray, weights: np.ndarray, num_experts: int, copies: str, hidden: int,
               dtype: str, n_send: int, n_recv: int) -> MoEState:
@@ -328,12 +322,6 @@ class TorchMoE:
         before, threads = torch.get_num_threads(), max(1, cores // max(1, local_ranks(self.comm.size)))
         torch.set_num_threads(threads)
         return before, threads
-
-    def low_latency(self):
-        """The low-latency mode's engine (backends/torch_moe_ll.py), on this one's rows."""
-        from .torch_moe_ll import LowLatencyMoE
-
-        return LowLatencyMoE(self)
 
     def release(self, st: MoEState) -> None:
         """The thread count as it was before limit_threads."""

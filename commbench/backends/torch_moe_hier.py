@@ -40,7 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .torch_moe import chunk_rows, count, decode_rows, reduce_rows, row_nbytes, token_rows
+from .torch_moe import (
+    chunk_rows,
+    count,
+    decode_rows,
+    reduce_rows,
+    row_nbytes,
+    token_rows,
+)
 
 
 def block_index(lens: torch.Tensor, order: torch.Tensor, total: int) -> torch.Tensor:

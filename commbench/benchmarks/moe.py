@@ -305,18 +305,17 @@ class MoE(Benchmark):
     def path(comm, params: dict):
         """The device path where the backend has one (torch: gloo, nccl), in the mode and
         path asked; else the host path (refused for anything but flat normal: refusal())."""
-        engine = comm.device_moe()
-        if engine is None:
+        if comm.device_moe() is None:
             return HostPath()
         if params["mode"] == "low_latency":
             from .moe_ll import LowLatencyPath
 
-            return LowLatencyPath(engine)
+            return LowLatencyPath(comm.device_moe("low_latency"))
         if params["path"] == "hierarchical":
             from .moe_hier import HierarchicalPath
 
-            return HierarchicalPath(engine)
-        return DevicePath(engine)
+            return HierarchicalPath(comm.device_moe("hierarchical"))
+        return DevicePath(comm.device_moe())
 
     def setup(self, comm, point):
         p, world, rank = point.params, comm.size, comm.rank

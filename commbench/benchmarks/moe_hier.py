@@ -58,7 +58,7 @@ class HierarchicalPath(ExchangePath):
     combine_stages = ("pack", "a2a_in", "forward", "a2a_out", "reduce")
 
     def __init__(self, engine):
-        self.engine = engine.hierarchical()
+        self.engine = engine
         self._rows: dict = {}
 
     def tier_rows(self, plan, nodes) -> dict:

@@ -27,7 +27,7 @@ class LowLatencyPath(ExchangePath):
     hold = True
 
     def __init__(self, engine):
-        self.engine = engine.low_latency()
+        self.engine = engine
 
     def setup(self, comm, plan) -> LowLatencyBufs:
         p = plan.point.params
