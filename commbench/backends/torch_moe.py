@@ -222,8 +222,18 @@ def reduce_rows(out: torch.Tensor, rows: torch.Tensor, token_idx: torch.Tensor, 
         out.index_add_(0, token_idx[lo:hi], buf)
 
 
+class StateRows:
+    """What every engine's state offers: local experts per rank, and byte buffers as rows."""
+
+    def local_experts(self) -> int:
+        return self.num_experts // self.world if self.copies == "expert" else 1
+
+    def rows(self, buf: torch.Tensor, n: int, nbytes: int) -> torch.Tensor:
+        return buf[:n * nbytes].view(n, nbytes)
+
+
 @dataclass
-class MoEState:
+class MoEState(StateRows):
     """One rank's buffers and the last dispatch's plan. Buffers are sized once, from the
     host's regenerated layout (n_send, n_recv rows); the sync checks the device agrees."""
 
@@ -259,10 +269,7 @@ class MoEState:
 
     @property
     def local(self) -> int:
-        return self.num_experts // self.world if self.copies == "expert" else 1
-
-    def rows(self, buf: torch.Tensor, n: int, nbytes: int) -> torch.Tensor:
-        return buf[:n * nbytes].view(n, nbytes)
+        return self.local_experts()
 
     @property
     def received(self) -> torch.Tensor:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .torch_moe import (
+    StateRows,
     chunk_rows,
     count,
     decode_rows,
@@ -68,7 +69,7 @@ def meta_nbytes(top_k: int, copies: str) -> int:
 
 
 @dataclass
-class HierState:
+class HierState(StateRows):
     copies: str
     dtype: str
     world: int
@@ -115,10 +116,7 @@ class HierState:
 
     @property
     def local(self) -> int:
-        return self.num_experts // self.world if self.copies == "expert" else 1
-
-    def rows(self, buf: torch.Tensor, n: int, nbytes: int) -> torch.Tensor:
-        return buf[:n * nbytes].view(n, nbytes)
+        return self.local_experts()
 
 
 class HierMoE:
