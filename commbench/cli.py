@@ -225,6 +225,8 @@ def cmd_run(args, argv: list[str]) -> int:
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
                  if f.name not in ("name", "sizes", "params") and hasattr(args, f.name)}
+    if args.sizes is not None and not args.sizes.strip():
+        raise UsageError("--sizes is empty: give MIN:MAX[:FACTOR] or A,B,C")
     overrides["sizes"] = parse_sizes_arg(args.sizes) if args.sizes else None
     cfg = suite_mod.build_config(raw, overrides)
     if args.param:

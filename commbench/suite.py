@@ -39,31 +39,47 @@ def _choice(options):
         key, f"one of {', '.join(options)}", v)
 
 
-def _int(lo):
+# An iteration count above this never ends (a billion 1 us operations is 17 minutes per
+# point): refused up front, as is a value beyond what a C int of the libraries holds.
+MAX_COUNT = 10**9
+
+
+def _int(lo, hi=MAX_COUNT):
     def check(v, key, suite):
         if not isinstance(v, int) or isinstance(v, bool):
             _fail(key, "an integer", v)
+        if v > hi:
+            _fail(key, f"<= {hi}", v)
         return v if v >= lo else _fail(key, f">= {lo}", v)
     return check
 
 
-def _positive(what):
+def _positive(what, least=None):
+    """A finite positive number, at least `least` when given (NaN and infinity would turn
+    the watchdog off)."""
+    import math
+
     def check(v, key, suite):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             _fail(key, what, v)
+        if not math.isfinite(v):
+            _fail(key, "a finite number", v)
+        if least is not None and v < least:
+            _fail(key, f"at least {least:g}", v)
         return float(v) if v > 0 else _fail(key, "positive", v)
     return check
 
 
-def _names(what, nonempty, item=None):
+def _names(what, nonempty, item=None, dedupe=False):
     """A list (one bare string counts as a list of one); item checks or converts each entry,
-    otherwise each must be a string."""
+    otherwise each must be a string. dedupe: a name given twice counts once (in order)."""
     def check(v, key, suite):
         items = [v] if isinstance(v, str) else v
         if (not isinstance(items, (list, tuple)) or (nonempty and not items)
                 or (item is None and not all(isinstance(x, str) for x in items))):
             _fail(key, what, v)
-        return tuple(item(x) if item else x for x in items)
+        out = tuple(item(x) if item else x for x in items)
+        return tuple(dict.fromkeys(out)) if dedupe else out
     return check
 
 
@@ -119,7 +135,8 @@ def _key(default=None, help="", check=None, key=None, factory=None):
 class SuiteConfig:
     name: str  # the suite file's stem, not a key in it
     description: str = _key("", "what the suite measures", lambda v, k, s: str(v))
-    benchmarks: tuple = _key((), "benchmark names to run", _names("a list of names", False))
+    benchmarks: tuple = _key((), "benchmark names to run (a name given twice runs once)",
+                             _names("a list of names", False, dedupe=True))
     sizes: object = _key(help="{min, max, factor} or a list of sizes (K/M/G binary suffixes)", check=_sizes,
                          factory=lambda: {"min": "8", "max": "4M", "factor": 2})
     dtypes: tuple = _key(("float32",), "element types", _names("a non-empty list", True, check_dtype))
@@ -135,7 +152,8 @@ class SuiteConfig:
     timing: str = _key("back_to_back", "back_to_back (nccl-tests: operations one after another) or barrier "
                        "(OSU: a barrier after each, untimed)", _choice(TIMING_METHODS))
     timeout_s: float = _key(300.0, "watchdog: seconds an operation may take beyond its expected time before the "
-                            "run ends", _positive("a number of seconds"))
+                            "run ends (at least 1: starting a phase takes that long)",
+                            _positive("a number of seconds", least=1))
     cuda_graph: bool = _key(False, "GPU: capture iterations in a CUDA graph and time its replay (hides launch "
                             "overhead)", _of(bool, "true or false"))
     in_place: bool = _key(False, "nccl-tests' in-place column: all_reduce reduces its output buffer in place "
@@ -213,6 +231,8 @@ def read_suite(name: str | None) -> dict:
     path = find_suite(name)
     try:
         raw = tomllib.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise UsageError(f"suite {path}: not a text (UTF-8 TOML) file") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"suite {path}: malformed TOML: {e}") from None
     except OSError as e:

@@ -66,6 +66,15 @@ CORPUS = [
     ("profile-negative-rate", "PROFILE:" + PROFILE_OK.replace('"450 GB', '"-450 GB'), [], "line_rate"),
     ("profile-unknown-unit", "PROFILE:" + PROFILE_OK.replace("450 GB/s", "450 furlongs/s"), [], "unit"),
     ("profile-no-direction", "PROFILE:" + PROFILE_OK.replace("450 GB/s per direction", "450 GB/s"), [], "direction"),
+    # Numbers that would disable the watchdog, never end, or leave a half-made directory.
+    ("timeout-nan", None, ["quick", "--timeout", "nan"], "finite"),
+    ("timeout-inf", 'benchmarks = ["all_reduce"]\ntimeout_s = inf\n', [], "finite"),
+    ("timeout-tiny", None, ["quick", "--timeout", "1e-9"], "at least 1"),
+    ("iters-huge", None, ["quick", "--iters", "99999999999999999999"], "<= 1000000000"),
+    ("warmup-huge", 'benchmarks = ["all_reduce"]\nwarmup = 9999999999999999999\n', [], "'warmup'"),
+    ("sizes-empty-flag", None, ["quick", "--sizes", ""], "--sizes is empty"),
+    ("suite-binary", "BINARY", [], "not a text"),
+    ("params-not-table", 'benchmarks = ["all_reduce"]\n[params]\nall_reduce = 5\n', [], "'params'"),
 ]
 
 
@@ -80,6 +89,9 @@ def test_malformed_input_is_one_line_exit_2(tmp_path, case, text, args, words):
     if text and text.startswith("PROFILE:"):
         (tmp_path / "p.toml").write_text(text[len("PROFILE:"):])
         args = ["quick", "--np", "2", "--profile", str(tmp_path / "p.toml")]
+    elif text == "BINARY":
+        (tmp_path / "bad.toml").write_bytes(b"\x00\xff\xfe\x80 binary")
+        args = [str(tmp_path / "bad.toml"), "--np", "2"] + args
     elif text is not None:
         (tmp_path / "bad.toml").write_text(text)
         args = [str(tmp_path / "bad.toml"), "--np", "2"] + args

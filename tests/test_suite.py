@@ -214,3 +214,10 @@ def test_default_backend_is_never_one_that_does_not_work(monkeypatch):
     assert backends.default_backend() == "mpi"
     monkeypatch.setattr(backends, "gpu_visible", lambda: True)
     assert backends.default_backend() == "nccl"
+
+
+def test_a_benchmark_named_twice_runs_once():
+    from commbench import suite
+
+    cfg = suite.build_config(suite.read_suite("quick"), {"benchmarks": ["all_reduce", "all_gather", "all_reduce"]})
+    assert cfg.benchmarks == ("all_reduce", "all_gather")
