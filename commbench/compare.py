@@ -287,6 +287,20 @@ def _f(v) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
+def _refuse_duplicates(df) -> None:
+    """A point twice in one run (two writers, or a resume that raced a running run) has no
+    one time to compare: say which, rather than guess. Repeated runs on one side are fine."""
+    from .errors import UsageError
+
+    if df.empty or "point_key" not in df.columns:
+        return
+    dup = df[df.duplicated(["run", "point_key", "stage"], keep=False)]
+    if len(dup):
+        r = dup.iloc[0]
+        raise UsageError(f"run {r['run']} holds point {r['point_key']} ({r['stage'] or 'one stage'}) more than once: "
+                         f"compare will not guess which to use")
+
+
 def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
                   all_points: bool = True, csv_out=None) -> int:
     """`commbench compare BASE NEW`: load both (run directories or lists of them), print,
@@ -295,7 +309,10 @@ def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: boo
 
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
-    df = compare_runs(load(base), load(new), threshold_pct)
+    sides = [load(base), load(new)]
+    for side in sides:
+        _refuse_duplicates(side)
+    df = compare_runs(*sides, threshold_pct)
     print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points)
     if csv_out:
         df.to_csv(csv_out, index=False)

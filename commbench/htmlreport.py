@@ -305,7 +305,10 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         df = _rejudge(df, metas, profile)
     out = Path(out_dir)
     fig_dir = out / "figures"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"report --out {out}: {e.strerror or e}") from None
     from . import plots
 
     figures = {}

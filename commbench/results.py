@@ -166,18 +166,37 @@ def normalize_row(row: dict) -> dict:
     return row
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Rows of one run, migrated; a truncated last line (a crash mid-write) is dropped."""
-    rows = []
-    with open(path) as f:
-        for line in f:
+# What a line must hold to be a row (a report or compare reads these of every row).
+_REQUIRED = ("benchmark", "world", "nbytes", "dtype", "time_us_p50")
+
+
+def read_rows_checked(path: Path) -> tuple[list[dict], list[int]]:
+    """Rows of one run, migrated, and the line numbers that are not rows (a truncated last
+    line after a crash mid-write, bytes that are not text, JSON that is not a row)."""
+    rows, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
+                bad.append(n)
                 continue
-            if isinstance(row, dict):
+            if not isinstance(row, dict) or any(k not in row for k in _REQUIRED) or \
+                    not isinstance(row.get("benchmark"), str):
+                bad.append(n)
+                continue
+            try:
                 rows.append(normalize_row(row))
-    return rows
+            except Exception:  # noqa: BLE001 (a row whose fields will not migrate is not a row)
+                bad.append(n)
+    return rows, bad
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of one run, migrated; lines that are not rows are skipped (read_rows_checked)."""
+    return read_rows_checked(path)[0]
 
 
 # --- run metadata ---------------------------------------------------------------------
@@ -264,13 +283,27 @@ class RunDir:
 
     # --- writing ---
     def open(self, meta: dict | None = None) -> "RunDir":
-        """Start (or continue) writing: meta.json now, rows appended from here on."""
+        """Start (or continue) writing: meta.json now, rows appended from here on. A torn
+        last line (a kill or a full disk mid-write) is cut off first, so the next row starts
+        on a line of its own."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if meta is not None:
             self.meta = meta
         self.write_meta()
+        self._repair_tail()
         self._rows = open(self.rows_path, "a", buffering=1)
         return self
+
+    def _repair_tail(self) -> None:
+        p = self.rows_path
+        if not p.is_file() or p.stat().st_size == 0:
+            return
+        with open(p, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+            data = f.seek(0) or f.read()
+            f.truncate(data.rfind(b"\n") + 1)
 
     def write_meta(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -336,17 +369,35 @@ def _rows_file(p: Path) -> Path:
     return p
 
 
-def load(paths):
+def load(paths, warn=None):
     """One pandas DataFrame for one run directory (or rows.jsonl) or a list of them; a
-    `run` column names the directory each row came from; `params` is a dict in every row."""
+    `run` column names the directory each row came from; `params` is a dict in every row.
+
+    A file with lines but no row in it is refused (a text file is not a run); lines that are
+    not rows, and points that appear more than once in one run (two writers, a resume that
+    raced a running run), are said through warn(line) -- stderr by default -- never hidden."""
+    import sys
+
     import pandas as pd
 
+    from .errors import UsageError
+
+    warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     frames = []
     for p in paths:
         f = _rows_file(Path(p))
-        df = pd.DataFrame(read_rows(f))
+        rows, bad = read_rows_checked(f)
+        if bad and not rows:
+            raise UsageError(f"{f}:{bad[0]}: not a commbench row (no rows in this file)")
+        if bad:
+            warn(f"{f}: {len(bad)} line(s) are not rows and were skipped (line {bad[0]} first)")
+        keys = [r.get("point_key") for r in rows]
+        dup = len(keys) - len(set(keys))
+        if dup:
+            warn(f"{f}: {dup} point(s) appear more than once")
+        df = pd.DataFrame(rows)
         df["run"] = f.parent.name
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -54,7 +54,8 @@ def test_schema_2_rows_get_their_placement(row, placement, variant):
 
 def test_read_rows_drops_torn_and_non_row_lines(tmp_path):
     p = tmp_path / "rows.jsonl"
-    good = {"schema": 2, "benchmark": "b", "world": 1, "nbytes": 0, "dtype": "float32", "params": {"k": 1}}
+    good = {"schema": 2, "benchmark": "b", "world": 1, "nbytes": 0, "dtype": "float32", "params": {"k": 1},
+            "time_us_p50": 1.0}
     p.write_text(json.dumps(good) + "\n[1, 2]\n" + '{"schema": 2, "bench')
     rows = read_rows(p)
     assert len(rows) == 1 and rows[0]["params"] == {"k": 1}
