@@ -10,6 +10,11 @@ process with os._exit.
 Progress files: each rank writes where it is (point index and phase) to
 <run>/.progress/rank-N at every phase change, never inside a timed loop. On a timeout the
 guardian reads them to name the ranks that did not arrive.
+
+Failure files: a rank whose Python code raises writes its one-line cause to
+<run>/.progress/failed-<launch>-rank-N before it dies. Every guardian looks for them twice a
+second, so the other ranks end within about a second instead of waiting out the watchdog in
+a collective the failed rank will never join, and rank 0 records which rank failed and why.
 """
 from __future__ import annotations
 
@@ -24,11 +29,17 @@ from pathlib import Path
 
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SIGNAL_BASE = 128
+EXIT_PEER_FAILED = 1
+# A failing rank lingers this long after writing its failure file, so the others' guardians
+# (polling every 0.5 s) read the cause before a launcher kills them for the failed exit.
+FAILURE_LINGER_S = 1.5
 
 
 class Guard:
-    def __init__(self, rank: int, world: int, run_dir: Path | None, timeout_s: float, on_fatal=None):
+    def __init__(self, rank: int, world: int, run_dir: Path | None, timeout_s: float, on_fatal=None,
+                 launch: str = ""):
         self.rank, self.world = rank, world
+        self.launch = launch  # failure files of an earlier launch into the same directory are not this one's
         self.timeout_s = float(timeout_s)
         self.on_fatal = on_fatal  # rank 0: (status, reason) -> None, marks meta.json
         self.progress_dir = Path(run_dir) / ".progress" if run_dir else None
@@ -85,6 +96,34 @@ class Guard:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
 
+    # --- failure files -------------------------------------------------------------
+    def report_failure(self, reason: str) -> None:
+        """This rank is failing with `reason`: tell the others (failure file), and give them
+        a moment to read it before this process exits."""
+        if self.progress_dir is None:
+            return
+        try:
+            tmp = self.progress_dir / f".failed-{self.rank}.tmp"
+            tmp.write_text(json.dumps({"rank": self.rank, "reason": reason}))
+            os.replace(tmp, self.progress_dir / f"failed-{self.launch}-rank-{self.rank}")
+        except OSError:
+            return
+        if self.world > 1:
+            time.sleep(FAILURE_LINGER_S)
+
+    def peer_failure(self) -> tuple[int, str] | None:
+        """(rank, reason) of another rank's failure in this launch, if one was reported."""
+        if self.progress_dir is None:
+            return None
+        for f in sorted(self.progress_dir.glob(f"failed-{self.launch}-rank-*")):
+            try:
+                d = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if d.get("rank") != self.rank:
+                return int(d["rank"]), str(d.get("reason"))
+        return None
+
     # --- progress files ------------------------------------------------------------
     def _write_progress(self, where: str) -> None:
         if self.progress_dir is None:
@@ -127,6 +166,9 @@ class Guard:
                 if sigs:
                     self._fatal_signal(sigs[0])
                 continue
+            peer = self.peer_failure()
+            if peer is not None:
+                self._end("failed", f"rank {peer[0]} failed: {peer[1]}", EXIT_PEER_FAILED)
             with self._lock:
                 deadline, where = self._deadline, self._where
             if deadline is not None and time.monotonic() > deadline:
@@ -145,6 +187,9 @@ class Guard:
             where = self._where
         if signum == signal.SIGINT:
             self._end("interrupted", f"interrupted (SIGINT) at {where}", EXIT_SIGNAL_BASE + signum)
+        peer = self.peer_failure()
+        if peer is not None:  # the launcher stops the job because that rank failed: say why
+            self._end("failed", f"rank {peer[0]} failed: {peer[1]}", EXIT_SIGNAL_BASE + signum)
         self._end("failed", f"terminated by {name} at {where} (a rank was lost, or the launcher or "
                             f"scheduler stopped the job)", EXIT_SIGNAL_BASE + signum)
 

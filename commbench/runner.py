@@ -295,7 +295,10 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
-    guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s)
+    # One token for this launch, so failure files of an earlier launch into the same
+    # directory (a resume) are not read as this one's.
+    token = world.allgather_obj(f"{os.getpid()}-{time.time_ns()}")[0]
+    guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s, launch=token)
     guard.start()
     guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
@@ -397,9 +400,13 @@ def sweep(ctx: RunContext) -> list[dict]:
         ctx.guard.disarm()
         status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
         progress.close()
+        cause = f"{type(e).__name__}: {e} at {harness.where or 'start-up'}"
         if ctx.run_dir is not None:
             ctx.run_dir.variant(ctx.variant.name)["status"] = status.value
-            ctx.run_dir.finish(status, f"{type(e).__name__}: {e} at {harness.where or 'start-up'}")
+            ctx.run_dir.finish(status, f"rank 0: {cause}")
+        if status == Status.FAILED:
+            print(f"commbench: error: rank {ctx.world.rank}: {cause}", file=sys.stderr, flush=True)
+            ctx.guard.report_failure(cause)  # the others stop now, not at the watchdog
         raise
     progress.close()
     return rows

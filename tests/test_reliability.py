@@ -144,3 +144,22 @@ def test_dry_run_lists_points_memory_and_time_without_ranks(tmp_path):
     assert not (tmp_path / "results").exists()
     r = run_cli("run", "moe", "--np", "4", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0 and "copies=expert" in r.stdout and "GiB" in r.stdout
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", pytest.param("gloo", marks=needs_torch)])
+def test_an_exception_on_one_rank_ends_every_rank_at_once_with_its_cause(tmp_path, backend):
+    """Rank 1 raises in setup while rank 0 waits in the next collective: with the default
+    300 s watchdog, every rank must still end within seconds, and meta.json must name the
+    failed rank and its cause."""
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    r = run_cli("run", "quick", "--np", "2", "--backend", backend, "-b", "all_reduce_fault", "--sizes", SIZES,
+                "--no-check", "--out", out, env=_env(f"raise:1:{FAULT_AT}"), timeout=120)
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0
+    assert elapsed < 30, elapsed
+    meta = _meta(out)
+    assert meta["status"] == "failed", meta
+    assert "rank 1" in meta["reason"] and "injected fault on this rank" in meta["reason"], meta["reason"]
+    _finished_rows_intact(out)

@@ -3,6 +3,7 @@ makes RANK misbehave at the point of that size:
   hang_setup  sleeps in setup (the others wait for it in the next collective)
   hang_op     sleeps inside the timed operation
   kill        SIGKILLs itself in setup (a lost rank)
+  raise       raises a Python exception in setup (a plug-in bug on one rank)
 """
 import os
 import signal
@@ -30,6 +31,8 @@ class FaultAllReduce(AllReduce):
             time.sleep(3600)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "raise":
+            raise ValueError("injected fault on this rank")
         b = super().setup(comm, point)
         b.fault = kind
         return b
