@@ -488,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                                             in_place=not args.no_in_place)
             print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
                   f"world {meta['world']}) from {meta['source']}: {out}")
+            for note in meta.get("import_notes") or []:
+                print(f"note: {note}")
             return 0
         if args.cmd == "ceilings":
             return cmd_ceilings(args)

@@ -358,3 +358,31 @@ def test_import_to_run_merges_files(tmp_path):
         import_to_run([FIX / "nccl_all_reduce_8gpu.txt"] * 2, out=tmp_path / "dup")
     d, _, _ = import_to_run(FIX / "osu_allreduce.txt", world=4, root=tmp_path / "results")
     assert d.parent == tmp_path / "results" and "import-osu_allreduce" in d.name
+
+
+@pytest.mark.parametrize("line,words", [
+    ("8   -3.51", "is not a positive finite time"),
+    ("8   nan", "is not a positive finite time"),
+    ("8   inf", "is not a positive finite time"),
+    ("8   0", "is not a positive finite time"),
+    ("100000000000000000000000000000   3.5", "is not a byte count"),
+    ("-8   3.5", "is not a byte count"),
+])
+def test_osu_lines_no_run_could_print_are_refused_with_file_and_line(tmp_path, line, words):
+    f = tmp_path / "osu.txt"
+    f.write_text("# OSU MPI Allreduce Latency Test v5.3\n# Size         Avg Latency(us)\n4   3.51\n" + line + "\n")
+    with pytest.raises(UsageError, match=rf"osu.txt:4: .*{words}"):
+        import_file(f, world=2)
+
+
+def test_nccl_tests_results_without_a_time_are_said_not_dropped(tmp_path):
+    text = (FIX / "nccl_all_reduce_8gpu.txt").read_text().splitlines()
+    # the 8 B line: both halves' times made NaN
+    i = next(k for k, ln in enumerate(text) if ln.split()[:1] == ["8"])
+    parts = text[i].split()
+    text[i] = " ".join(parts[:5] + ["nan"] + parts[6:9] + ["nan"] + parts[10:])
+    f = tmp_path / "all_reduce_perf.txt"
+    f.write_text("\n".join(text) + "\n")
+    rows, meta = import_file(f)
+    assert 8 not in {r["nbytes"] for r in rows}
+    assert any("2 result(s) without a valid time" in n for n in meta["import_notes"]), meta["import_notes"]

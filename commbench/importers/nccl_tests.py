@@ -209,10 +209,12 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
         iters = b.run_params.get("iters")
         if iters and b.run_params.get("agg_iters"):
             iters *= b.run_params["agg_iters"]
-        skipped = 0
+        skipped = invalid = 0
         for lineno, d in b.data:
             nbytes = d["lead"]["size"]
-            if nbytes <= 0:
+            if nbytes < 0:
+                raise err(path, lineno, f"nccl-tests size {nbytes} is negative")
+            if nbytes == 0:
                 skipped += 1
                 continue
             dtype = _NCCL_DTYPES.get(d["lead"].get("type", "float"), d["lead"].get("type", "float"))
@@ -220,7 +222,8 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
             params = _nccl_params(redop, root)
             for half, v in d["halves"].items():
                 t = v.get("time", v.get("cputime"))
-                if t is None:
+                if t is None:  # zero, negative or NaN (parse_data_line): said, never silent
+                    invalid += 1
                     continue
                 stats, spread, note = {}, "none", "all percentiles = the mean: the tool prints only an average"
                 if v.get("i_min") is not None:
@@ -241,6 +244,9 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
                     source=f"nccl-tests stdout ({note})", spread=spread, extra=extra))
         if skipped:
             notes.append(f"{b.name or name}: {skipped} size-0 line(s) skipped")
+        if invalid:
+            notes.append(f"{b.name or name}: {invalid} result(s) without a valid time (zero, negative or NaN) "
+                         f"left out")
     meta = run_meta("nccl-tests", path, rows, hosts_all, sorted(set(gpus)), max(worlds), "nccl", "cuda",
                  versions, {}, notes=notes,
                  extra={"tool": {"name": "nccl-tests", "version": versions.get("nccl-tests")},
@@ -391,7 +397,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
     iters_cfg = cfg.get("iterations")
     agg = cfg.get("aggregated_iterations")
     rows = []
-    skipped = 0
+    skipped = invalid = 0
     for k, r in enumerate(res):
         def bad(msg):
             nonlocal lines
@@ -405,7 +411,9 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
             nbytes = int(_jnum(r.get("size")))
         except (TypeError, ValueError):
             raise bad(f"size {r.get('size')!r} is not a number") from None
-        if nbytes <= 0:
+        if nbytes < 0:
+            raise bad(f"size {nbytes} is negative")
+        if nbytes == 0:
             skipped += 1
             continue
         typ = str(r.get("type", "float"))
@@ -432,6 +440,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
             except ValueError as e:
                 raise bad(f"{key}: {e.args[0]!r} is not a number") from None
             if t is None or not math.isfinite(t) or t <= 0:
+                invalid += 1  # said in the notes, never silent
                 continue
             st = _iter_stats(r.get(f"{key}_per_iter")) or _iter_stats(half.get("per_iter")) or _iter_stats(half)
             if st is None and key == "out_of_place" and r.get("in_place") is None:
@@ -460,7 +469,8 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[d
                 env[k] = v
     settings = {k: _jval(v) for k, v in cfg.items()}
     meta = run_meta("nccl-tests-json", path, rows, hosts, gpus, n, "nccl", "cuda", versions, env,
-                 notes=[f"{skipped} size-0 result(s) skipped"] if skipped else [],
+                 notes=([f"{skipped} size-0 result(s) skipped"] if skipped else [])
+                 + ([f"{invalid} result(s) without a valid time (zero, negative or NaN) left out"] if invalid else []),
                  extra={"tool": {"name": "nccl-tests", "json_version": version}, "tool_settings": settings,
                         "command": args or None, "started": doc.get("start_time"), "finished": doc.get("end_time"),
                         "out_of_bounds": (doc.get("out_of_bounds") or {}).get("count"),

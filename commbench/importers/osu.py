@@ -8,6 +8,7 @@ file's size is kept as `tool_nbytes`). The time is OSU's average over iterations
 ranks. A non-blocking test becomes an `overlap` row (Overall, Compute, Pure Comm.)."""
 from __future__ import annotations
 
+import math
 import re
 
 from ..errors import UsageError
@@ -132,6 +133,7 @@ def parse_osu(path, text: str, world=None, benchmark=None) -> tuple[list[dict], 
             ("float32" if name in _OSU_REDUCTIONS else "uint8")
         per_peer = name in _OSU_PER_PEER
         for lineno, v in t.data:
+            _check_line(path, lineno, v)
             size = int(v.get("size") or 0)
             nbytes = size * n if per_peer else size
             if name != "barrier" and nbytes <= 0:
@@ -187,6 +189,25 @@ def parse_osu(path, text: str, world=None, benchmark=None) -> tuple[list[dict], 
                  notes=notes, extra={"tool": {"name": "OSU micro-benchmarks", "version": tables[0].version,
                                               "tests": [t.title for t in tables]}})
     return rows, meta
+
+
+# No message is larger than this (1 PiB): a bigger size is a corrupt line, not a result.
+MAX_SIZE = 1 << 50
+_TIME_COLUMNS = {"avg": "Avg Latency(us)", "min": "Min Latency(us)", "max": "Max Latency(us)", "p50": "P50",
+                 "p90": "P90", "p99": "P99", "overall": "Overall(us)", "pure": "Pure Comm.(us)",
+                 "compute": "Compute(us)"}
+
+
+def _check_line(path, lineno, v: dict) -> None:
+    """Refuse, with file:line, a line no run could print: a negative, fractional or absurd
+    size, a time that is not a positive finite number."""
+    size = v.get("size")
+    if size is None or not math.isfinite(size) or size < 0 or size != int(size) or size > MAX_SIZE:
+        raise err(path, lineno, f"OSU size {size!r} is not a byte count (0 to 2^50)")
+    for col, label in _TIME_COLUMNS.items():
+        x = v.get(col)
+        if x is not None and not (math.isfinite(x) and x > 0):
+            raise err(path, lineno, f"OSU {label} {x!r} is not a positive finite time")
 
 
 def _overlap_fields(pure: float, compute: float | None, overall: float, osu_pct: float | None) -> dict:
