@@ -281,6 +281,9 @@ def cmd_run(args, argv: list[str]) -> int:
         if info.rank == 0:
             plan_mod.print_plan(cfg, plan, world, backend)
         return 0
+    from .results import check_out_dir
+
+    check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
     if not external:
         if info.world > 1:
             raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")

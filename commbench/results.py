@@ -236,6 +236,24 @@ def base_meta(argv: list[str]) -> dict:
     }
 
 
+def check_out_dir(path) -> None:
+    """A result directory must be one that can be made and written: a path under a regular
+    file, a device such as /dev/null, or a read-only place is refused in one line, before
+    any rank starts (a rank that finds it out alone leaves the others waiting)."""
+    from .errors import UsageError
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--out {p}: exists and is not a directory")
+    q = p
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    if not q.is_dir():
+        raise UsageError(f"--out {p}: {q} is not a directory")
+    if not os.access(q, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {p}: {q} is not writable")
+
+
 def new_run_dir(suite: str, root: str | Path = "results") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{stamp}-{suite}"

@@ -75,6 +75,9 @@ CORPUS = [
     ("sizes-empty-flag", None, ["quick", "--sizes", ""], "--sizes is empty"),
     ("suite-binary", "BINARY", [], "not a text"),
     ("params-not-table", 'benchmarks = ["all_reduce"]\n[params]\nall_reduce = 5\n', [], "'params'"),
+    ("out-dev-null", None, ["quick", "--out", "/dev/null"], "not a directory"),
+    ("out-under-dev-null", None, ["quick", "--out", "/dev/null/run"], "not a directory"),
+    ("out-under-a-file", None, ["quick", "--out", "/etc/hostname/run"], "not a directory"),
 ]
 
 
