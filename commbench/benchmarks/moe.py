@@ -36,7 +36,7 @@ import numpy as np
 from .. import moe as M
 from ..errors import UsageError
 from .base import Benchmark, Param, Traffic, register
-from .moe_host import HEADER, ExchangePath, HostPath, _no_lap, regroup_perm, send_order
+from .moe_host import HEADER, EnginePath, HostPath, _no_lap, regroup_perm, send_order
 
 MODES = ("normal", "low_latency")
 PATHS = ("flat", "hierarchical")
@@ -79,7 +79,7 @@ class DeviceBufs:
     pack_method: str
 
 
-class DevicePath(ExchangePath):
+class DevicePath(EnginePath):
     """The torch engine (backends/torch_moe.py) driven stage by stage; its checks get their
     expectations from the host's regenerated layouts, an implementation independent of
     the device layout they check."""
@@ -88,8 +88,6 @@ class DevicePath(ExchangePath):
     dispatch_stages = ("layout", "counts", "sync", "pack", "a2a", "unpack")
     combine_stages = ("pack", "a2a", "reduce")
 
-    def __init__(self, engine):
-        self.engine = engine
 
     def setup(self, comm, plan: MoEPlan) -> DeviceBufs:
         p = plan.point.params
@@ -97,20 +95,10 @@ class DevicePath(ExchangePath):
                                plan.layout.num_rows, plan.n_recv)
         return DeviceBufs(plan, st, self, self.engine.method)
 
-    def fill(self, comm, b: DeviceBufs) -> None:
-        self.engine.fill(b.state)
 
-    def dispatch(self, comm, b: DeviceBufs, lap=_no_lap) -> None:
-        self.engine.dispatch(b.state, lap)
 
-    def experts(self, comm, b: DeviceBufs) -> None:
-        self.engine.experts(b.state)
 
-    def combine(self, comm, b: DeviceBufs, lap=_no_lap) -> None:
-        self.engine.combine(b.state, lap)
 
-    def release(self, comm, b: DeviceBufs) -> None:
-        self.engine.release(b.state)
 
     def row_info(self, b: DeviceBufs) -> dict:
         return {"cpu_threads": b.state.cpu_threads}

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import moe as M
 from ..moe.accounting import forwarder, hierarchical_rows
-from .moe_host import ExchangePath, _no_lap, regroup_perm
+from .moe_host import EnginePath, regroup_perm
 
 
 def node_indices(comm) -> np.ndarray:
@@ -48,7 +48,7 @@ class HierBufs:
     nodes: np.ndarray
 
 
-class HierarchicalPath(ExchangePath):
+class HierarchicalPath(EnginePath):
     """The torch engine's two-tier exchange driven stage by stage; checks as DevicePath's
     (the rows each rank ends up with are the flat path's, in the flat path's order), plus
     the first-tier counts."""
@@ -58,7 +58,7 @@ class HierarchicalPath(ExchangePath):
     combine_stages = ("pack", "a2a_in", "forward", "a2a_out", "reduce")
 
     def __init__(self, engine):
-        self.engine = engine
+        super().__init__(engine)
         self._rows: dict = {}
 
     def tier_rows(self, plan, nodes) -> dict:
@@ -83,20 +83,10 @@ class HierarchicalPath(ExchangePath):
                                nodes, fwd, sizes)
         return HierBufs(plan, st, self, self.engine.method, nodes)
 
-    def fill(self, comm, b: HierBufs) -> None:
-        self.engine.fill(b.state)
 
-    def dispatch(self, comm, b: HierBufs, lap=_no_lap) -> None:
-        self.engine.dispatch(b.state, lap)
 
-    def experts(self, comm, b: HierBufs) -> None:
-        self.engine.experts(b.state)
 
-    def combine(self, comm, b: HierBufs, lap=_no_lap) -> None:
-        self.engine.combine(b.state, lap)
 
-    def release(self, comm, b: HierBufs) -> None:
-        self.engine.release(b.state)
 
     # --- bytes per tier -----------------------------------------------------------
     def accounting(self, plan, rank: int, node_of_rank, row_nbytes: int) -> dict:

@@ -150,6 +150,29 @@ class ExchangePath:
         pass
 
 
+class EnginePath(ExchangePath):
+    """A path driving a device engine (the communicator's): every stage is the engine's, on
+    the state its setup made (b.state)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def fill(self, comm, b) -> None:
+        self.engine.fill(b.state)
+
+    def dispatch(self, comm, b, lap=_no_lap) -> None:
+        self.engine.dispatch(b.state, lap)
+
+    def experts(self, comm, b) -> None:
+        self.engine.experts(b.state)
+
+    def combine(self, comm, b, lap=_no_lap) -> None:
+        self.engine.combine(b.state, lap)
+
+    def release(self, comm, b) -> None:
+        self.engine.release(b.state)
+
+
 class HostPath(ExchangePath):
     """Layout, packing and reduction in numpy on host buffers; the rows move through
     comm.rows_all_to_all (MPI datatypes on mpi, a staging gather/scatter elsewhere)."""

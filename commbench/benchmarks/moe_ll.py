@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import moe as M
-from .moe_host import ExchangePath, _no_lap
+from .moe_host import EnginePath
 
 
 @dataclass
@@ -19,35 +19,23 @@ class LowLatencyBufs:
     pack_method: str
 
 
-class LowLatencyPath(ExchangePath):
+class LowLatencyPath(EnginePath):
     name = "torch"
     dispatch_stages = ("layout", "pack", "a2a")
     combine_stages = ("pack", "a2a", "reduce")
     # No step reads the device on the host: on a GPU each is timed behind a stream hold.
     hold = True
 
-    def __init__(self, engine):
-        self.engine = engine
 
     def setup(self, comm, plan) -> LowLatencyBufs:
         p = plan.point.params
         st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["hidden"], p["dispatch_dtype"], p["capacity"])
         return LowLatencyBufs(plan, st, self, self.engine.method)
 
-    def fill(self, comm, b) -> None:
-        self.engine.fill(b.state)
 
-    def dispatch(self, comm, b, lap=_no_lap) -> None:
-        self.engine.dispatch(b.state, lap)
 
-    def experts(self, comm, b) -> None:
-        self.engine.experts(b.state)
 
-    def combine(self, comm, b, lap=_no_lap) -> None:
-        self.engine.combine(b.state, lap)
 
-    def release(self, comm, b) -> None:
-        self.engine.release(b.state)
 
     def _per_source_expert(self, plan) -> np.ndarray:
         """(world, local) rows each source routes to each of this rank's experts."""
