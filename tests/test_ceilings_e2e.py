@@ -17,7 +17,7 @@ def big_run(tmp_path_factory):
     """2 ranks, messages beyond the 32 MiB-class last-level cache, plus an in-cache sweep."""
     out = tmp_path_factory.mktemp("ceil") / "run"
     r = run_cli("run", "quick", "--np", "2", "-b", "all_reduce,all_to_all,all_gather,barrier", "--worlds", "2",
-                "--sizes", "64K,256K,1M,4M,128M", "--no-check", "--iters", "5", "--out", out)
+                "--sizes", "64K,256K,1M,4M,128M", "--no-check", "--iters", "15", "--out", out)
     assert r.returncode == 0, r.stderr
     return out, r.stdout
 
