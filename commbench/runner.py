@@ -59,7 +59,7 @@ class Harness:
         # What benchmarks may ask of the harness (they never read cfg themselves).
         self.check = bool(cfg.check)
         self.barrier_each = cfg.timing == "barrier"
-        self.per_op_events = bool(getattr(cfg, "per_op_events", False))
+        self.per_op_events = bool(cfg.per_op_events)
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:

@@ -222,8 +222,18 @@ def reduce_rows(out: torch.Tensor, rows: torch.Tensor, token_idx: torch.Tensor, 
         out.index_add_(0, token_idx[lo:hi], buf)
 
 
+@dataclass
 class StateRows:
-    """What every engine's state offers: local experts per rank, and byte buffers as rows."""
+    """What every engine's state starts with (the point's shape and this rank's place), and
+    offers: local experts per rank, and byte buffers as rows."""
+
+    copies: str
+    dtype: str
+    world: int
+    rank: int
+    num_experts: int
+    num_tokens: int
+    hidden: int
 
     def local_experts(self) -> int:
         return self.num_experts // self.world if self.copies == "expert" else 1
@@ -237,13 +247,6 @@ class MoEState(StateRows):
     """One rank's buffers and the last dispatch's plan. Buffers are sized once, from the
     host's regenerated layout (n_send, n_recv rows); the sync checks the device agrees."""
 
-    copies: str
-    dtype: str
-    world: int
-    rank: int
-    num_experts: int
-    num_tokens: int
-    hidden: int
     rb_d: int
     rb_c: int
     n_send: int

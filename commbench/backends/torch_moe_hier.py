@@ -70,13 +70,6 @@ def meta_nbytes(top_k: int, copies: str) -> int:
 
 @dataclass
 class HierState(StateRows):
-    copies: str
-    dtype: str
-    world: int
-    rank: int
-    num_experts: int
-    num_tokens: int
-    hidden: int
     top_k: int
     rb_d: int
     rb_c: int
