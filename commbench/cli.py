@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from .backends import BACKENDS
-from .errors import UsageError
+from .errors import RunFailed, UsageError
 from .suite import TIMING_METHODS, key_help
 
 
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--np", type=int, help="start this many local ranks")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
     r.add_argument("--ranks-per-node", type=int, help="override hostname grouping (two tiers on one host)")
+    r.add_argument("--master-addr", metavar="ADDR", help="gloo/nccl: the rendezvous address, one of rank 0's host "
+                   "that every host reaches (default under mpirun/srun: found by trying rank 0's addresses; "
+                   "overrides MASTER_ADDR)")
     r.add_argument("--timeout", type=float, dest="timeout_s", metavar="SECONDS",
                    help=key_help("timeout_s") + " (default 300)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted or failed run: skip its finished points")
@@ -76,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--list-variants", action="store_true", help="print the suite's variant names and exit")
     r.add_argument("--dry-run", action="store_true",
                    help="list the points, memory per rank and a rough time, without communicating")
+    r.add_argument("--wide", action="store_true", help="tables with every column (default: a compact set that "
+                   "fits the terminal; the caption names what it leaves out)")
     _profile_args(r)
 
     sub.add_parser("list", help="benchmarks, backends (and whether they work here), suites")
@@ -85,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+")
     rep.add_argument("--out", metavar="DIR", help="also write DIR/report.md, a self-contained DIR/report.html and "
                      "DIR/figures/*.png (figures need matplotlib: pip install 'commbench[plot]')")
+    rep.add_argument("--wide", action="store_true", help="tables with every column, the scaling table at every "
+                     "size (default: a compact set that fits the terminal)")
     _profile_args(rep)
 
     cmp_ = sub.add_parser("compare", help="compare two runs point by point: faster, slower or not significant")
@@ -155,10 +163,13 @@ def _resume_config(args):
     from pathlib import Path
 
     from . import suite as suite_mod
-    from .results import load_meta
+    from .results import RunLock, held_by_my_launcher, load_meta
 
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
+    holder = RunLock(d).busy() if d.is_dir() and not held_by_my_launcher(d) else None
+    if holder:
+        raise UsageError(f"--resume {d}: the run is still running ({holder}); a run has one writer at a time")
     if not meta or not (d / "rows.jsonl").is_file():
         raise UsageError(f"--resume {d}: not a commbench run directory (no meta.json and rows.jsonl)")
     if meta.get("status") in ("complete", "check_failed"):
@@ -197,6 +208,10 @@ def _resume(args, argv: list[str]) -> int:
     else:
         todo = [n for n in plan_variants(cfg, backend, device or "cpu").names if n not in done]
     if args.np is not None:
+        launch.check_local_ranks(args.np)
+        from .results import hold_for_launch
+
+        lock = hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
         return resume_variants(cfg, todo, args.np, backend, _strip_np(argv) + ["--backend", backend], args.resume,
                                one_named=args.variant is not None)
     if len(todo) > 1:
@@ -216,8 +231,14 @@ def cmd_run(args, argv: list[str]) -> int:
     from .units import parse_sizes_arg
     from .variants import plan as plan_variants
 
-    if args.np is not None and args.np < 1:
-        raise UsageError(f"--np must be >= 1, got {args.np}")
+    if args.np is not None:
+        launch.check_local_ranks(args.np)
+    if args.master_addr is not None:
+        if not args.master_addr.strip() or any(c.isspace() for c in args.master_addr):
+            raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
+        import os
+
+        os.environ["MASTER_ADDR"] = args.master_addr  # read where the torch rendezvous is prepared
     if args.resume:
         return _resume(args, argv)
 
@@ -262,6 +283,13 @@ def cmd_run(args, argv: list[str]) -> int:
                 record_skip(args.out, args.variant, why, cfg)
         return 0
     join = False
+    if args.out:
+        from .results import RunLock, held_by_my_launcher
+
+        holder = RunLock(args.out).busy() if Path(args.out).is_dir() and not held_by_my_launcher(args.out) else None
+        if holder:
+            raise UsageError(f"--out {args.out}: a run is writing there now ({holder}): wait for it, or choose "
+                             f"another directory")
     if args.out and (Path(args.out) / "rows.jsonl").exists():
         from .results import load_meta
 
@@ -281,9 +309,10 @@ def cmd_run(args, argv: list[str]) -> int:
         if info.rank == 0:
             plan_mod.print_plan(cfg, plan, world, backend)
         return 0
-    from .results import check_out_dir
+    from .results import check_free_space, check_out_dir
 
     check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
+    check_free_space(args.out or "results", len(points))
     if not external:
         if info.world > 1:
             raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
@@ -295,6 +324,9 @@ def cmd_run(args, argv: list[str]) -> int:
         child = _strip_np(argv) + ["--out", out] if not args.out else _strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
+        from .results import hold_for_launch
+
+        lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
         if args.variant is None and vplan.names == ["default"]:
             return launch.spawn_local(args.np, backend, child, out_dir=out)
         from .launch_variants import run_variants
@@ -459,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "wide", False):
+            from .report import set_wide
+
+            set_wide(True)
         if args.cmd == "run":
             return cmd_run(args, argv)
         if args.cmd == "list":
@@ -507,6 +543,12 @@ def main(argv: list[str] | None = None) -> int:
             # Rank 0 says it once. The others leave a moment later: mpirun ends the job at the
             # first non-zero exit, which could cut rank 0 off before its line is out.
             time.sleep(1.0)
+        return e.exit_status
+    except RunFailed as e:  # already said in one line by the rank that failed
+        if os.environ.get("COMMBENCH_DEBUG"):
+            import traceback
+
+            traceback.print_exception(e.__cause__ or e)
         return e.exit_status
     except KeyboardInterrupt:
         print("commbench: interrupted", file=sys.stderr)

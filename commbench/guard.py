@@ -11,10 +11,19 @@ Progress files: each rank writes where it is (point index and phase) to
 <run>/.progress/rank-N at every phase change, never inside a timed loop. On a timeout the
 guardian reads them to name the ranks that did not arrive.
 
+Heartbeats: every guardian touches its progress file twice a second, so a rank that sits at
+the same step as the others but has stopped (SIGSTOP, a node frozen, a process stuck outside
+Python with the interpreter held) is told apart from a collective that hangs with every rank
+alive.
+
 Failure files: a rank whose Python code raises writes its one-line cause to
 <run>/.progress/failed-<launch>-rank-N before it dies. Every guardian looks for them twice a
 second, so the other ranks end within about a second instead of waiting out the watchdog in
 a collective the failed rank will never join, and rank 0 records which rank failed and why.
+The space for that file is taken at start-up, so a full disk cannot silence it.
+
+The launcher: a rank started by `commbench run --np` watches its launcher's pid and ends
+when the launcher is gone (killed with SIGKILL, say), rather than run on as an orphan.
 """
 from __future__ import annotations
 
@@ -30,6 +39,12 @@ from pathlib import Path
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SIGNAL_BASE = 128
 EXIT_PEER_FAILED = 1
+EXIT_LAUNCHER_GONE = 129
+# How often the guardian wakes: failure files, heartbeats and the launcher are looked at
+# this often, so a failure elsewhere ends this rank within about this long.
+POLL_S = 0.5
+# Bytes set aside per rank for its failure file (a JSON line with a one-line cause).
+FAILURE_SLOT_NBYTES = 1024
 # A failing rank lingers this long after writing its failure file, so the others' guardians
 # (polling every 0.5 s) read the cause before a launcher kills them for the failed exit.
 FAILURE_LINGER_S = 1.5
@@ -51,6 +66,10 @@ class Guard:
         os.set_blocking(self._wfd, False)
         self._stopped = False
         self._thread = None
+        self._slot = None  # the failure file's space, taken while the disk still has it
+        # Set by spawn_local: the launcher this rank must not outlive.
+        pid = os.environ.get("COMMBENCH_LAUNCHER_PID", "")
+        self.launcher_pid = int(pid) if pid.isdigit() and int(pid) > 1 else None
 
     # --- main thread ---------------------------------------------------------------
     def start(self) -> None:
@@ -59,6 +78,13 @@ class Guard:
                 self.progress_dir.mkdir(parents=True, exist_ok=True)
             except OSError:
                 self.progress_dir = None
+        if self.progress_dir is not None:
+            try:
+                slot = self.progress_dir / f".slot-{self.rank}"
+                slot.write_bytes(b" " * FAILURE_SLOT_NBYTES)
+                self._slot = slot
+            except OSError:
+                pass
         # The C-level handler writes the signal number to the pipe even while the main
         # thread sits in a blocking call; the Python-level handler itself does nothing.
         if threading.current_thread() is threading.main_thread():
@@ -87,6 +113,9 @@ class Guard:
     def stop(self) -> None:
         self._stopped = True
         self.disarm()
+        if self._slot is not None:
+            self._slot.unlink(missing_ok=True)
+            self._slot = None
         try:
             os.write(self._wfd, b"\0")
         except OSError:
@@ -102,12 +131,23 @@ class Guard:
         a moment to read it before this process exits."""
         if self.progress_dir is None:
             return
+        data = json.dumps({"rank": self.rank, "reason": reason[:FAILURE_SLOT_NBYTES - 100]}).encode()
+        final = self.progress_dir / f"failed-{self.launch}-rank-{self.rank}"
         try:
             tmp = self.progress_dir / f".failed-{self.rank}.tmp"
-            tmp.write_text(json.dumps({"rank": self.rank, "reason": reason}))
-            os.replace(tmp, self.progress_dir / f"failed-{self.launch}-rank-{self.rank}")
+            tmp.write_bytes(data)
+            os.replace(tmp, final)
         except OSError:
-            return
+            # A full disk: overwrite the space taken at start-up (no new blocks), then rename.
+            try:
+                if self._slot is None:
+                    return
+                with open(self._slot, "r+b") as f:
+                    f.write(data)
+                    f.truncate(len(data))
+                os.replace(self._slot, final)
+            except OSError:
+                return
         if self.world > 1:
             time.sleep(FAILURE_LINGER_S)
 
@@ -130,10 +170,53 @@ class Guard:
             return
         try:
             tmp = self.progress_dir / f".rank-{self.rank}.tmp"
-            tmp.write_text(json.dumps({"step": self._step, "where": where, "time": time.time()}))
+            tmp.write_text(json.dumps({"step": self._step, "where": where, "time": time.time(),
+                                       "pid": os.getpid()}))
             os.replace(tmp, self.progress_dir / f"rank-{self.rank}")
         except OSError:
             pass
+
+    def _heartbeat(self) -> None:
+        if self.progress_dir is None:
+            return
+        try:
+            os.utime(self.progress_dir / f"rank-{self.rank}")
+        except OSError:
+            pass
+
+    def silent(self, stale_s: float) -> list[int]:
+        """Other ranks whose heartbeat is older than stale_s: stopped, frozen or gone."""
+        if self.progress_dir is None:
+            return []
+        now, out = time.time(), []
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            try:
+                if now - (self.progress_dir / f"rank-{r}").stat().st_mtime > stale_s:
+                    out.append(r)
+            except OSError:
+                out.append(r)
+        return out
+
+    def launcher_gone(self) -> bool:
+        """Has the launcher that started this rank exited (a zombie counts as gone)?"""
+        pid = self.launcher_pid
+        if pid is None:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
+        except FileNotFoundError:
+            return True
+        except OSError:
+            try:
+                os.kill(pid, 0)
+                return False
+            except ProcessLookupError:
+                return True
+            except OSError:
+                return False
 
     def behind(self) -> list[int] | None:
         """Ranks whose last recorded step is behind this rank's (they did not arrive), or
@@ -156,7 +239,7 @@ class Guard:
         while not self._stopped:
             with self._lock:
                 deadline = self._deadline
-            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
             ready, _, _ = select.select([self._rfd], [], [], wait)
             if self._stopped:
                 return
@@ -166,6 +249,12 @@ class Guard:
                 if sigs:
                     self._fatal_signal(sigs[0])
                 continue
+            self._heartbeat()
+            if self.launcher_gone():
+                with self._lock:
+                    where = self._where
+                self._end("failed", f"the launcher (pid {self.launcher_pid}) is gone, so its job stops (at {where})",
+                          EXIT_LAUNCHER_GONE)
             peer = self.peer_failure()
             if peer is not None:
                 self._end("failed", f"rank {peer[0]} failed: {peer[1]}", EXIT_PEER_FAILED)
@@ -176,8 +265,19 @@ class Guard:
 
     def _fatal_timeout(self, where: str) -> None:
         late = self.behind()
-        who = ("ranks not arrived: " + (", ".join(map(str, late)) if late else "none (all reached this step)")
-               if late is not None else "which ranks did not arrive is not knowable here")
+        if late is None:
+            who = "which ranks did not arrive is not knowable here"
+        else:
+            # A rank at the same step whose heartbeat stopped has not arrived either: it is
+            # stopped or frozen inside the operation the others wait in.
+            silent = [r for r in self.silent(max(1.5, min(5.0, 0.75 * self.timeout_s))) if r not in late]
+            if late or silent:
+                who = "ranks not arrived: " + ", ".join(map(str, sorted(late + silent)))
+                if silent:
+                    who += (" (" + ", ".join(map(str, silent)) + " reached this step but stopped responding: "
+                            "stopped, frozen or gone)")
+            else:
+                who = "every rank reached this step and is alive: the operation itself hangs"
         reason = f"timeout: no progress for {self.timeout_s:g} s at {where}; {who}"
         self._end("failed", reason, EXIT_TIMEOUT)
 

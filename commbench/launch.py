@@ -124,6 +124,48 @@ def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list
 # After SIGINT or a lost rank, how long the ranks get to mark the run and exit before
 # they are killed.
 GRACE_S = 10.0
+# The launcher's status when it had to stop ranks that hung after the run was marked.
+EXIT_TEARDOWN_HUNG = 124
+
+# `--np` starts every rank on this host: more than this many per core measures the scheduler,
+# not the fabric, and far more exhausts the host (processes, ptys, memory) before a rank runs.
+MAX_RANKS_PER_CORE = 16
+# What one idle rank holds (interpreter, numpy, torch or MPI): the floor of its memory.
+RANK_MEM_NBYTES = 150 << 20
+# Processes and threads one rank may count against RLIMIT_NPROC (interpreter, backend and
+# progress threads, mpirun's helpers).
+THREADS_PER_RANK = 16
+
+
+def local_rank_limit() -> tuple[int, str]:
+    """The most ranks `--np` may start on this host, and what sets that limit."""
+    import resource
+
+    cores = os.cpu_count() or 1
+    limits = [(MAX_RANKS_PER_CORE * cores, f"{MAX_RANKS_PER_CORE} per core on {cores} cores")]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                limits.append((max(1, avail // RANK_MEM_NBYTES),
+                               f"{avail >> 20} MiB available at {RANK_MEM_NBYTES >> 20} MiB a rank"))
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+        limits.append((max(1, soft // THREADS_PER_RANK),
+                       f"the process limit {soft} at {THREADS_PER_RANK} threads a rank"))
+    return min(limits)
+
+
+def check_local_ranks(np_: int) -> None:
+    """Refuse, before anything starts, an --np this host cannot run."""
+    if np_ < 1:
+        raise UsageError(f"--np must be >= 1, got {np_}")
+    most, why = local_rank_limit()
+    if np_ > most:
+        raise UsageError(f"--np {np_}: this host runs at most {most} local ranks ({why}); "
+                         f"for more ranks use a cluster launcher (mpirun/srun/torchrun) across hosts")
 
 
 def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None,
@@ -139,7 +181,8 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     import time
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
-    base_env = {**os.environ, **(extra_env or {})}
+    # The ranks watch this pid: a launcher killed outright (SIGKILL) takes its job with it.
+    base_env = {**os.environ, **(extra_env or {}), "COMMBENCH_LAUNCHER_PID": str(os.getpid())}
     if backend == "mpi":
         # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
         procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=base_env)]
@@ -151,9 +194,99 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
                        LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
                                           start_new_session=True))
-    interrupted, status, stop_at = False, 0, None
+    # SIGTERM or SIGHUP to the launcher (a scheduler's stop, a closed terminal) is passed to
+    # the job, which marks the run and ends; the launcher waits for it, as for Ctrl-C.
+    got: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _f: got.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        status = _wait_job(procs, got, out_dir)
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    interrupted = status == 130
+    if out_dir:
+        from .results import RunDir
+
+        why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
+        RunDir(out_dir).settle(status, interrupted or bool(got), why)
+    return status
+
+
+def _signal_session(p, sig) -> None:
+    """Send sig to a rank (or mpirun), and SIGCONT to its session's process group: a rank
+    stopped (SIGSTOP, a debugger) would otherwise hold the signal unread until it is killed."""
+    import signal
+
+    if p.poll() is not None:
+        return
+    p.send_signal(sig)
+    try:
+        os.killpg(p.pid, signal.SIGCONT)
+    except OSError:
+        pass
+
+
+def _kill_session(p) -> None:
+    """SIGKILL a rank, or mpirun with the ranks it started: each was started in a session of
+    its own, whose process group has the child's pid."""
+    import signal
+
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except OSError:
+        p.kill()
+
+
+def _marked(out_dir) -> float | None:
+    """The run's watchdog timeout once rank 0 has marked the run finished (complete, failed,
+    check_failed), else None."""
+    import json
+
+    try:
+        meta = json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("status") in (None, "running"):
+        return None
+    return float((meta.get("config") or {}).get("timeout_s") or 0.0)
+
+
+def _wait_job(procs, got: list[int], out_dir=None) -> int:
+    """Wait for the ranks (or mpirun); stop the rest when one fails, pass on Ctrl-C and the
+    signals in `got`, and kill whatever is left GRACE_S after a stop. Once rank 0 has marked
+    the run, the job gets its watchdog timeout (at least GRACE_S) to exit: a rank frozen in
+    the teardown (where no rank's watchdog can reach it: mpirun waits for the frozen one
+    after the others exit cleanly) is then stopped like any other. Returns the status."""
+    import signal
+    import time
+
+    interrupted, status, stop_at, forwarded = False, 0, None, None
+    drain_at, next_look = None, 0.0
     while True:
         try:
+            if out_dir and drain_at is None and stop_at is None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + 1.0
+                timeout_s = _marked(out_dir)
+                if timeout_s is not None:
+                    drain_at = time.monotonic() + max(GRACE_S, timeout_s)
+            if drain_at is not None and stop_at is None and time.monotonic() > drain_at:
+                why = f"ranks had not exited {max(GRACE_S, timeout_s):g} s after the run was marked: stopped"
+                print(f"commbench: error: {why}", file=sys.stderr, flush=True)
+                from .results import RunDir
+
+                RunDir(out_dir).note_teardown(why)
+                status = status or EXIT_TEARDOWN_HUNG
+                for p in procs:
+                    _signal_session(p, signal.SIGTERM)
+                stop_at = time.monotonic() + GRACE_S
+            if got and forwarded is None:
+                forwarded = got[0]
+                for p in procs:
+                    _signal_session(p, signal.SIGTERM)
+                stop_at = time.monotonic() + GRACE_S
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
@@ -161,31 +294,25 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
             if bad and stop_at is None:
                 status = status or bad[0]
                 for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
+                    _signal_session(p, signal.SIGTERM)
                 stop_at = time.monotonic() + GRACE_S
             if stop_at is not None and time.monotonic() > stop_at:
                 for p in procs:
-                    if p.poll() is None:
-                        p.kill()
+                    _kill_session(p)
             time.sleep(0.05)
         except KeyboardInterrupt:
             if interrupted:  # a second Ctrl-C: no more waiting
                 for p in procs:
-                    if p.poll() is None:
-                        p.kill()
+                    _kill_session(p)
                 continue
             interrupted = True
             for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGINT)
+                _signal_session(p, signal.SIGINT)
             stop_at = time.monotonic() + GRACE_S
     codes = [p.wait() for p in procs]
     status = status or next((c for c in codes if c), 0)
     if interrupted:
         status = 130
-    if out_dir:
-        from .results import RunDir
-
-        RunDir(out_dir).settle(status, interrupted)
+    elif forwarded is not None:
+        status = 128 + forwarded
     return status

@@ -11,6 +11,7 @@ import enum
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import time
@@ -254,6 +255,101 @@ def check_out_dir(path) -> None:
         raise UsageError(f"--out {p}: {q} is not writable")
 
 
+def check_free_space(path, planned_rows: int) -> None:
+    """Refuse, before any rank starts, a result directory whose filesystem cannot hold the
+    planned rows (a full disk found mid-run costs the run its end)."""
+    from .errors import UsageError
+
+    q = Path(path)
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    try:
+        free = shutil.disk_usage(q).free
+    except OSError:
+        return
+    need = ROW_NBYTES_EST * max(1, planned_rows) * 2 + RUN_FIXED_NBYTES  # rows.jsonl and results.csv
+    if free < need:
+        raise UsageError(f"--out {path}: {free // 1024} KiB free on its filesystem, about {need // 1024} KiB "
+                         f"needed for {planned_rows} points: free space or choose another directory")
+
+
+# A rough size of one row on disk (rows are 1-2 KiB; MoE rows carry per-stage fields), and of
+# meta.json, the progress files and failure slots: the free-space check errs on the safe side.
+ROW_NBYTES_EST = 2048
+RUN_FIXED_NBYTES = 64 * 1024
+RUN_LOCK_ENV = "COMMBENCH_RUN_LOCK"
+# Blank space meta.json keeps after its JSON, for a status written on a full disk.
+META_RESERVE_NBYTES = 2048
+
+
+class RunLock:
+    """One writer per run directory: an exclusive flock on <run>/.lock, held by the launcher
+    (`run --np`) or by rank 0 (under an external launcher) for the whole run. The kernel
+    drops it when its holder dies, so a killed run never leaves a stale lock behind. The
+    holder's pid and host are written in the file, for the refusal's message."""
+
+    def __init__(self, path):
+        self.dir = Path(path)
+        self._fd = None
+
+    @property
+    def path(self) -> Path:
+        return self.dir / ".lock"
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+        import socket
+
+        from .errors import UsageError
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UsageError(f"{self.dir}: a run is writing there now ({holder}): wait for it, or choose "
+                             f"another directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def busy(self) -> str | None:
+        """Who holds the lock now, or None (tested without keeping it)."""
+        import fcntl
+
+        if not self.path.is_file():
+            return None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except OSError:
+            return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def hold_for_launch(path) -> RunLock:
+    """The launcher takes the run's lock and tells its ranks (the environment) that the
+    writer they would otherwise lock out is their own launch."""
+    lock = RunLock(path).acquire()
+    os.environ[RUN_LOCK_ENV] = str(Path(path).resolve())
+    return lock
+
+
+def held_by_my_launcher(path) -> bool:
+    return os.environ.get(RUN_LOCK_ENV) == str(Path(path).resolve())
+
+
 def new_run_dir(suite: str, root: str | Path = "results") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{stamp}-{suite}"
@@ -324,10 +420,26 @@ class RunDir:
             f.truncate(data.rfind(b"\n") + 1)
 
     def write_meta(self) -> None:
+        """Atomically (a temporary, renamed). The file is padded with trailing blanks (JSON
+        allows them), so on a full disk the status can still be rewritten in place, in
+        space the file already holds."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.meta, indent=2, default=str) + "\n"
+        data = text.encode() + b" " * META_RESERVE_NBYTES
         tmp = self.dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
-        os.replace(tmp, self.meta_path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self.meta_path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            if not self.meta_path.is_file() or self.meta_path.stat().st_size < len(text):
+                raise
+            # Overwrite in place and blank the rest: no new blocks, and still valid JSON.
+            body = text.encode()
+            with open(self.meta_path, "r+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(0)
+                f.write(body + b" " * (size - len(body)))
 
     def append(self, row: dict) -> None:
         self._rows.write(json.dumps(row, default=float) + "\n")
@@ -345,8 +457,11 @@ class RunDir:
     def finish(self, status: Status, reason: str | None = None) -> None:
         """Close the rows, stamp the end, write results.csv."""
         if self._rows is not None:
-            self._rows.close()
-            self._rows = None
+            rows, self._rows = self._rows, None
+            try:
+                rows.close()
+            except OSError:  # a full disk: the buffered tail is lost, the status must not be
+                pass
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.set_status(status, reason)
         self.write_csv()
@@ -361,16 +476,29 @@ class RunDir:
                 w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
                             for k, v in r.items()})
 
-    def settle(self, exit_status: int, interrupted: bool) -> None:
+    def note_teardown(self, why: str) -> None:
+        """A run whose ranks hung after it was marked: its status stays, the hang is noted."""
+        try:
+            self.read_meta()
+            self.meta["teardown"] = f"after the run was marked: {why}"
+            self.write_meta()
+        except (OSError, ValueError):
+            pass
+
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None) -> None:
         """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
-        killed, or the job stopped by the launcher)."""
+        killed, or the job stopped by the launcher). why: the signal the launcher was
+        stopped by, which the ranks only saw passed on as SIGTERM."""
         try:
             self.read_meta()
         except (OSError, ValueError):
             return
         status = self.meta.get("status")
         if interrupted and status in (Status.RUNNING, Status.FAILED):
-            self.set_status(Status.INTERRUPTED, self.meta.get("reason") or "interrupted (SIGINT to the launcher)")
+            reason = self.meta.get("reason")
+            if why:
+                reason = f"{why}" + (f" ({reason})" if reason else "")
+            self.set_status(Status.INTERRUPTED, reason or "interrupted (SIGINT to the launcher)")
         elif exit_status and status == Status.RUNNING:
             self.set_status(Status.FAILED, f"ranks exited with status {exit_status} before rank 0 could finish "
                                            f"the run")

@@ -260,6 +260,7 @@ class RunContext:
     prof_meta: dict
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
+    lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
 
     @property
     def is_root(self) -> bool:
@@ -273,9 +274,39 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
     exit status. resume: out_dir holds an unfinished run of this suite; its finished points
     are skipped. join: out_dir may hold this suite's run for other variants: add to it."""
     ctx = start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant, join or resume)
-    open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
+    try:
+        open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
+    except Exception as e:  # a run directory that cannot be written (a full disk), say
+        fail(ctx, e, "opening the run", None)
     rows = sweep(ctx)
     return finish(ctx, rows)
+
+
+def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
+    """This rank's run ends on e: say it in one line, keep the finished rows, mark the run,
+    tell the other ranks (they stop now, not at the watchdog), then end the process."""
+    from .errors import RunFailed
+
+    ctx.guard.disarm()
+    status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
+    if progress is not None:
+        progress.close()
+    cause = f"{type(e).__name__}: {e} at {where}"
+    if status == Status.FAILED:
+        print(f"commbench: error: rank {ctx.world.rank}: {cause}", file=sys.stderr, flush=True)
+    rd = ctx.run_dir
+    if rd is not None and rd.meta:
+        rd.variant(ctx.variant.name)["status"] = status.value
+        try:
+            rd.finish(status, f"rank 0: {cause}")
+        except OSError as w:  # a full disk: the others must still hear of it below
+            print(f"commbench: error: rank 0: could not mark the run: {w}", file=sys.stderr, flush=True)
+        # Marked with the real cause: the stop the others' exit brings must not re-mark it.
+        ctx.guard.on_fatal = None
+    if status == Status.FAILED:
+        ctx.guard.report_failure(cause)
+        raise RunFailed(cause) from e
+    raise e
 
 
 def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant_name, reuse_ceiling):
@@ -298,6 +329,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     # One token for this launch, so failure files of an earlier launch into the same
     # directory (a resume) are not read as this one's.
     token = world.allgather_obj(f"{os.getpid()}-{time.time_ns()}")[0]
+    lock = _lock_run_dir(world, out_dir)
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s, launch=token)
     guard.start()
     guard.arm("start-up")
@@ -318,7 +350,26 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
-                      RunDir(out_dir) if world.rank == 0 else None)
+                      RunDir(out_dir) if world.rank == 0 else None, lock=lock)
+
+
+def _lock_run_dir(world, out_dir):
+    """Rank 0 takes the run directory's lock unless its own launcher holds it (`run --np`);
+    every rank learns the outcome, so a directory another run is writing is refused by all
+    ranks at once, before anything is written."""
+    from .errors import UsageError
+    from .results import RunLock, held_by_my_launcher
+
+    lock, why = None, None
+    if world.rank == 0 and not held_by_my_launcher(out_dir):
+        try:
+            lock = RunLock(out_dir).acquire()
+        except (UsageError, OSError) as e:
+            why = str(e)
+    why = world.allgather_obj(why)[0]
+    if why:
+        raise UsageError(why)
+    return lock
 
 
 def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: bool) -> None:
@@ -397,17 +448,7 @@ def sweep(ctx: RunContext) -> list[dict]:
             ctx.guard.disarm()
             ctx.world.idle_barrier()
     except BaseException as e:  # keep finished rows, mark the run, then let it end the process
-        ctx.guard.disarm()
-        status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
-        progress.close()
-        cause = f"{type(e).__name__}: {e} at {harness.where or 'start-up'}"
-        if ctx.run_dir is not None:
-            ctx.run_dir.variant(ctx.variant.name)["status"] = status.value
-            ctx.run_dir.finish(status, f"rank 0: {cause}")
-        if status == Status.FAILED:
-            print(f"commbench: error: rank {ctx.world.rank}: {cause}", file=sys.stderr, flush=True)
-            ctx.guard.report_failure(cause)  # the others stop now, not at the watchdog
-        raise
+        fail(ctx, e, harness.where or "start-up", progress)
     progress.close()
     return rows
 
@@ -432,9 +473,18 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
+    if rd is not None:
+        # The run is marked and its rows are whole: a rank that hangs from here on (in the
+        # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
+        # still ends the process, and meta.json says why beside the status it keeps.
+        def on_late_fatal(status, reason, rd=rd):
+            rd.note_teardown(reason)
+        ctx.guard.on_fatal = on_late_fatal
     bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
-    ctx.guard.stop()
+    # MPI_Finalize and a process group's teardown wait for the other ranks: watched too.
+    ctx.guard.arm("closing the backend")
     ctx.backend.finalize()
+    ctx.guard.stop()
     return 1 if bad else 0
 
 

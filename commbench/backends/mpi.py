@@ -272,7 +272,9 @@ class MpiBackend:
         from mpi4py import MPI
         import mpi4py
 
-        return {"mpi4py": mpi4py.__version__, "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
+        # Some libraries end the string with its C terminator.
+        return {"mpi4py": mpi4py.__version__,
+                "mpi_library": MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()}
 
     def gpu_names(self) -> list[str]:
         if self.device != "cuda":
@@ -282,4 +284,9 @@ class MpiBackend:
         return [cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()]
 
     def finalize(self) -> None:
-        pass
+        """MPI_Finalize now, while the watchdog still watches, rather than at interpreter exit:
+        it waits for the other ranks, and a rank lost there would hang the job unseen."""
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()

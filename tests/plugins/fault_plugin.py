@@ -4,6 +4,7 @@ makes RANK misbehave at the point of that size:
   hang_op     sleeps inside the timed operation
   kill        SIGKILLs itself in setup (a lost rank)
   raise       raises a Python exception in setup (a plug-in bug on one rank)
+  stop_op     SIGSTOPs itself inside the timed operation (a frozen rank at the others' step)
 """
 import os
 import signal
@@ -39,9 +40,11 @@ class FaultAllReduce(AllReduce):
 
     def op(self, comm, b):
         inner = super().op(comm, b)
-        if b.fault != "hang_op":
+        if b.fault not in ("hang_op", "stop_op"):
             return inner
 
         def run():
+            if b.fault == "stop_op":
+                os.kill(os.getpid(), signal.SIGSTOP)
             time.sleep(3600)
         return run
