@@ -13,9 +13,14 @@ import numpy as np
 from .errors import UsageError
 from .results import params_dict
 
-# Group keys; `run` leads when the rows carry it.
-FIT_KEYS = ("benchmark", "backend", "world", "dtype", "variant", "params", "stage")
-SCALING_KEYS = ("benchmark", "backend", "nbytes", "dtype", "variant", "params", "stage")
+# Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one
+# size (nccl-tests' two columns) are different points: placement is a key of its own.
+FIT_KEYS = ("benchmark", "backend", "world", "dtype", "variant", "params", "stage", "placement")
+SCALING_KEYS = ("benchmark", "backend", "nbytes", "dtype", "variant", "params", "stage", "placement")
+TEXT_KEYS = ("variant", "params", "stage", "placement")  # may be missing: "" (params "{}")
+# alpha-beta has two parameters: it passes exactly through any two sizes, so a fit says
+# something about the sweep only from three sizes on.
+MIN_FIT_SIZES = 3
 FIT_COLUMNS = ("alpha_us", "bandwidth_gbps", "busbw_asymptote_gbps", "n_half_nbytes",
                "rms_rel_err_pct", "max_rel_err_pct", "points", "min_nbytes", "max_nbytes")
 SCALING_COLUMNS = ("world", "metric", "value", "base_world", "efficiency_pct")
@@ -131,11 +136,11 @@ def collective_mask(df):
 def _keyed(rows, keys):
     """Rows with hashable, canonical key columns (None/NaN -> "" for text keys)."""
     df = _frame(rows)
-    need = [k for k in keys if k not in ("variant", "params", "stage")] + ["time_us_p50"]
+    need = [k for k in keys if k not in TEXT_KEYS] + ["time_us_p50"]
     missing = [k for k in need if k not in df.columns]
     if missing:
         raise UsageError(f"rows lack the column(s) {', '.join(missing)}")
-    for k in ("variant", "stage"):
+    for k in ("variant", "stage", "placement"):
         df[k] = df[k].map(_blank) if k in df.columns else ""
     df["params"] = df["params"].map(params_key) if "params" in df.columns else "{}"
     return df
@@ -157,15 +162,17 @@ def _busbw_factor(g) -> float | None:
 
 # ------------------------------------------------------------------ tables
 
-def fit_table(df):
+def fit_table(df, thin: list | None = None):
     """One alpha-beta fit per (run, benchmark, backend, world, dtype, variant, params,
-    stage) with >= 2 distinct sizes, of collective rows only (Benchmark.collective_rows:
-    not moe, whose size follows the routing, nor overlap); benchmarks whose every nbytes
-    is 0 (barrier) are skipped.
+    stage, placement) with >= MIN_FIT_SIZES distinct sizes, of collective rows only
+    (Benchmark.collective_rows: not moe, whose size follows the routing, nor overlap);
+    benchmarks whose every nbytes is 0 (barrier) are skipped. thin: a list that gets one
+    line per group left unfitted for having fewer sizes ("all_reduce n=2: 2 sizes").
 
     Columns: the keys (run only when the rows carry it; params as canonical JSON,
-    missing variant/stage as "") + alpha_us, bandwidth_gbps, busbw_asymptote_gbps,
-    n_half_nbytes, rms_rel_err_pct, max_rel_err_pct, points, min_nbytes, max_nbytes.
+    missing variant/stage/placement as "") + alpha_us, bandwidth_gbps,
+    busbw_asymptote_gbps, n_half_nbytes, rms_rel_err_pct, max_rel_err_pct, points,
+    min_nbytes, max_nbytes.
     """
     import pandas as pd
 
@@ -180,6 +187,16 @@ def fit_table(df):
     df = df[sized.astype(bool)]
     out = []
     for key, g in df.groupby(keys, sort=True):
+        sizes = g.loc[g["nbytes"].astype(float) > 0, "nbytes"].nunique()
+        if sizes < MIN_FIT_SIZES:
+            if thin is not None and sizes > 0:
+                k = dict(zip(keys, key))
+                run = k.get("run", "") if "run" in df.columns and df["run"].nunique() > 1 else ""
+                # The defaults (variant default, out-of-place) go unsaid.
+                who = " ".join(str(x) for x in (run, k["benchmark"], k["variant"], k["placement"], k["stage"],
+                                                f"n={k['world']}") if x and x not in ("default", "out-of-place"))
+                thin.append(f"{who}: {sizes} size{'s' if sizes > 1 else ''}")
+            continue
         fit = fit_alpha_beta(g["nbytes"], g["time_us_p50"], _busbw_factor(g))
         if fit is not None:
             out.append({**dict(zip(keys, key)), **fit})
@@ -247,3 +264,21 @@ def scaling_table(df):
                             "metric": g["metric"].iloc[0], "value": float(r["value"]),
                             "base_world": base_world, "efficiency_pct": float(r["value"]) / base * 100.0})
     return pd.DataFrame(out, columns=cols)
+
+
+def largest_size(sc):
+    """Of a scaling_table, each group of a sized benchmark at its largest size (the one
+    nearest the link's rate: at small sizes busbw is latency, not bandwidth); an unsized
+    benchmark's groups (moe: no size key) whole."""
+    import pandas as pd
+
+    if sc.empty:
+        return sc
+    keys = [k for k in ("run",) + SCALING_KEYS if k in sc.columns and k != "nbytes"]
+    sized = {b: v.sized for b, v in presenters(sc).items()}
+    parts = []
+    for _, g in sc.groupby(keys, sort=False):
+        if sized[g["benchmark"].iloc[0]]:
+            g = g[g["nbytes"] == g["nbytes"].max()]
+        parts.append(g)
+    return pd.concat(parts)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from .backends import BACKENDS
 from .errors import RunFailed, UsageError
@@ -13,7 +12,9 @@ from .suite import TIMING_METHODS, key_help
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and status 2, not a usage block
-        raise UsageError(f"{self.prog}: {message}")
+        # main prints "commbench: error: " before it: name the subcommand only, not the program again.
+        sub = self.prog.partition(" ")[2]
+        raise UsageError(f"{sub}: {message}" if sub else message)
 
 
 def _csv(text: str) -> list[str]:
@@ -45,21 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a suite (joins mpirun/srun/torchrun, or starts --np local ranks)")
     r.add_argument("suite", nargs="?", help="suite name (`commbench list` shows them) or a .toml path")
     r.add_argument("-b", "--benchmarks", type=_csv, help="comma list; overrides the suite's")
-    r.add_argument("--backend", choices=tuple(BACKENDS), help=key_help("backend"))
+    r.add_argument("--backend", choices=tuple(BACKENDS), help=_kh("backend"))
     r.add_argument("--device", choices=("cpu", "cuda"), help="buffer device (default: the backend's)")
     r.add_argument("--sizes", help="MIN:MAX[:FACTOR] or A,B,C with K/M/G binary suffixes")
     r.add_argument("--dtypes", type=_csv, help="float32, bfloat16, float16, int32")
     r.add_argument("--worlds", type=_int_list, help="rank counts to sweep inside the launch")
-    r.add_argument("--iters", type=int, help=key_help("iters"))
-    r.add_argument("--warmup", type=int, help=key_help("warmup"))
-    r.add_argument("--min-time-ms", type=float, help=key_help("min_time_ms"))
-    r.add_argument("--max-iters", type=int, help=key_help("max_iters"))
-    r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=key_help("check"))
-    r.add_argument("--timing", choices=TIMING_METHODS, help=key_help("timing"))
-    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=key_help("cuda_graph"))
-    r.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=None, help=key_help("in_place"))
+    r.add_argument("--iters", type=int, help=_kh("iters"))
+    r.add_argument("--warmup", type=int, help=_kh("warmup"))
+    r.add_argument("--min-time-ms", type=float, help=_kh("min_time_ms"))
+    r.add_argument("--min-iters", type=int, help=_kh("min_iters"))
+    r.add_argument("--max-iters", type=int, help=_kh("max_iters"))
+    r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=_kh("check"))
+    r.add_argument("--timing", choices=TIMING_METHODS, help=_kh("timing"))
+    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=_kh("cuda_graph"))
+    r.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=None, help=_kh("in_place"))
     r.add_argument("--per-op-events", action=argparse.BooleanOptionalAction, default=None,
-                   help=key_help("per_op_events"))
+                   help=_kh("per_op_events"))
     r.add_argument("--cuda-aware-mpi", action="store_true",
                    help="backend mpi with device cuda: the MPI takes CUDA buffers (when the library cannot be asked)")
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
@@ -70,11 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--master-addr", metavar="ADDR", help="gloo/nccl: the rendezvous address, one of rank 0's host "
                    "that every host reaches (default under mpirun/srun: found by trying rank 0's addresses; "
                    "overrides MASTER_ADDR)")
-    r.add_argument("--timeout", type=float, dest="timeout_s", metavar="SECONDS",
-                   help=key_help("timeout_s") + " (default 300)")
+    r.add_argument("--timeout", type=float, dest="timeout_s", metavar="SECONDS", help=_kh("timeout_s"))
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted or failed run: skip its finished points")
     r.add_argument("--variants", type=_csv, help="algorithm variants to run, each as its own launch "
-                   "(overrides the suite's; `commbench list` shows the built-in ones)")
+                   "(overrides the suite's; `commbench list` shows the built-in ones and where each runs)")
     r.add_argument("--variant", help="run one variant in this launch (under mpirun/srun/torchrun); with --out of "
                    "an existing run of the suite, its rows join that run")
     r.add_argument("--list-variants", action="store_true", help="print the suite's variant names and exit")
@@ -88,22 +89,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="print the tables of one or more result directories; --out writes "
                          "report.md and report.html with figures")
-    rep.add_argument("runs", nargs="+")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                     help="result directories (or their rows.jsonl) of `commbench run` or `commbench import`")
     rep.add_argument("--out", metavar="DIR", help="also write DIR/report.md, a self-contained DIR/report.html and "
                      "DIR/figures/*.png (figures need matplotlib: pip install 'commbench[plot]')")
     rep.add_argument("--wide", action="store_true", help="tables with every column, the scaling table at every "
                      "size (default: a compact set that fits the terminal)")
     _profile_args(rep)
 
-    cmp_ = sub.add_parser("compare", help="compare two runs point by point: faster, slower or not significant")
-    cmp_.add_argument("base", help="result directory of the baseline run")
-    cmp_.add_argument("new", help="result directory of the run to judge")
+    cmp_ = sub.add_parser(
+        "compare", help="compare runs point by point: faster, slower or not significant",
+        description="Forms: compare BASE NEW; compare A1 A2 A3 -- B1 B2 B3 (options before the --); compare --base "
+                    "A1 A2 A3 --new B1 B2 B3. With repeated runs a side, each point is judged on how much it moves "
+                    "between runs; with one run a side, a verdict cannot separate noise from change.")
+    # Every run as one positional list: argparse cannot split two variable-length positional
+    # lists, so the `--` between the sides is found by compare.split_sides.
+    cmp_.add_argument("runs", nargs="*", metavar="RUN",
+                      help="result directories: BASE NEW, or the base runs, --, the new runs")
+    cmp_.add_argument("--base", nargs="+", metavar="RUN", help="result directories of the baseline runs")
+    cmp_.add_argument("--new", nargs="+", metavar="RUN", help="result directories of the runs to judge")
     cmp_.add_argument("--threshold", type=_pct, default=5.0, metavar="PCT",
-                      help="smallest change of p50 that counts, in per cent (default 5); the ~95%% intervals of the "
-                           "two runs must not overlap either")
+                      help="smallest change of p50 that counts, in per cent (default 5); the change's ~95%% "
+                           "interval must exclude 0 too (one run a side: the runs' intervals must not overlap)")
     cmp_.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any point is slower")
     cmp_.add_argument("--all", action="store_true", help="list every matched point (default: only faster and slower)")
     cmp_.add_argument("--csv", metavar="FILE", help="also write the whole comparison as CSV")
+    cmp_.add_argument("--wide", action="store_true", help="every column, the busbw of both sides too (default: a "
+                      "compact set that fits the terminal)")
 
     im = sub.add_parser("import", help="turn nccl-tests (stdout or -J JSON) or OSU output into a result directory")
     im.add_argument("files", nargs="+", help="one or more output files; all go into one result directory")
@@ -118,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(c, many=True)
 
     m = sub.add_parser("model", help="what-if: project times from a profile's alpha-beta cost models")
-    m.add_argument("--kind", default="moe", choices=("moe", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"))
-    _profile_args(m, many=True)
+    m.add_argument("--kind", default="moe", choices=("moe", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"),
+                   help="what to project (default moe: DeepSeek-V3 dispatch and combine)")
+    _profile_args(m, many=True, default="gb300-nvl72,h100-hgx")
     m.add_argument("--worlds", type=_int_list, help="rank counts (default 8,16,...,1024)")
     m.add_argument("--sizes", help="message sizes for collectives (default 1M,64M,1G)")
     m.add_argument("--algos", type=_csv, help="all_reduce: ring, recursive_doubling, rabenseifner, inswitch, hierarchical")
@@ -132,9 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _profile_args(p, many: bool = False) -> None:
+def _kh(key: str) -> str:
+    """A suite key's flag help: what it sets, and that the suite's value applies unless given."""
+    from dataclasses import fields
+
+    from .suite import SuiteConfig
+
+    default = {f.name: f.default for f in fields(SuiteConfig)}[key]
+    shown = {None: "the first backend that works here", "": "none"}.get(default, default) if key == "backend" \
+        else default
+    return f"{key_help(key)} (suite key {key}; default: the suite's value, else {shown})"
+
+
+def _profile_args(p, many: bool = False, default: str | None = None) -> None:
     p.add_argument("--profile", help=("comma list of " if many else "") + "hardware profiles (built-in names or "
-                   ".toml paths; `commbench ceilings` lists them)")
+                   ".toml paths; `commbench ceilings` lists them)" + (f"; default {default}" if default else ""))
     p.add_argument("--nic-gbps", type=float, help="scale-out NIC rate in Gb/s (gigaBITS) per direction, as NICs are "
                    "sold: 800 = 100 GB/s")
     p.add_argument("--scaleup-GBps", dest="scaleup_GBps", type=float,
@@ -242,6 +267,9 @@ def cmd_run(args, argv: list[str]) -> int:
     if args.resume:
         return _resume(args, argv)
 
+    if args.suite is None and not args.benchmarks:
+        raise UsageError("run needs a suite (a name `commbench list` shows, or a .toml path), or -b BENCH[,BENCH...] "
+                         "to run benchmarks without one")
     raw = suite_mod.read_suite(args.suite)
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
@@ -375,6 +403,12 @@ def cmd_list() -> int:
     print("suites:")
     for s in list_suites():
         print(f"  {s}")
+    from .variants import BUILTIN
+
+    print("variants (--variants, or a suite's `variants`; each runs as its own launch):")
+    for v in BUILTIN.values():
+        where = f"{v.backend or 'any backend'}" + (f", needs {'+'.join(v.requires)}" if v.requires else "")
+        print(f"  {v.name:26s} {v.description} [{where}]")
     return 0
 
 
@@ -455,28 +489,33 @@ def cmd_model(args) -> int:
         desc = (f"{name} ({args.rate} rates): scale-up {up.bandwidth_gbps:.4g} GB/s/dir alpha {up.alpha_us:.3g} us, "
                 f"G={fab.domain_gpus or 'one host'}" + (f"; scale-out {out.bandwidth_gbps:.4g} GB/s/dir alpha "
                                                         f"{out.alpha_us:.3g} us" if out else "; no scale-out tier"))
-        rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos)
+        skipped: list = []
+        rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos,
+                         skipped=skipped)
         t = Table(title=desc, box=box.ASCII if plain else box.SIMPLE_HEAD)
+        # placement: how the world sits on the domains (2 x 64/72: two racks, 64 of 72 GPUs each).
         if args.kind == "moe":
-            cols = ("world", "case", "NIC copies/token", "NVLink copies/token", "dispatch (us)", "combine (us)",
-                    "bottleneck")
+            cols = ("world", "placement", "case", "NIC copies/token", "NVLink copies/token", "dispatch (us)",
+                    "combine (us)", "bottleneck")
             for c in cols:
-                t.add_column(c, justify="left" if c in ("case", "bottleneck") else "right")
+                t.add_column(c, justify="left" if c in ("case", "bottleneck", "placement") else "right")
             for r in rows:
-                t.add_row(str(r["world"]), r["case"], f"{r['nic_copies_per_token']:.3f}",
+                t.add_row(str(r["world"]), str(r.get("placement", "")), r["case"], f"{r['nic_copies_per_token']:.3f}",
                           f"{r['nvl_copies_per_token']:.3f}", f"{r['dispatch_us']:.1f}", f"{r['combine_us']:.1f}",
                           r["dispatch_bottleneck"])
         else:
-            for c in ("world", "size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
-                t.add_column(c, justify="left" if c == "algorithm" else "right")
+            for c in ("world", "placement", "size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+                t.add_column(c, justify="left" if c in ("algorithm", "placement") else "right")
             for r in rows:
-                t.add_row(str(r["world"]), fmt_size(r["nbytes"]), r["algo"], f"{r['time_us']:.2f}",
-                          f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}")
+                t.add_row(str(r["world"]), str(r.get("placement", "")), fmt_size(r["nbytes"]), r["algo"],
+                          f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}")
         console.print(t)
-        missing = [w for w in worlds if w not in {r["world"] for r in rows}]
-        if missing:
-            console.print(f"left out: world(s) {', '.join(map(str, missing))}: the experts do not spread evenly over "
-                          f"that many ranks, or the world is not a whole number of scale-up domains")
+        said = set()
+        for sk in skipped:  # every case left out, with the model's reason, never silently
+            line = f"left out: world {sk['world']} {sk.get('case') or ''}: {sk['reason']}".replace("  ", " ")
+            if line not in said:
+                said.add(line)
+                console.print(line)
     return 0
 
 
@@ -516,9 +555,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"note: {note}")
             return 0
         if args.cmd == "compare":
-            from .compare import compare_paths
+            from .compare import compare_paths, split_sides
 
-            return compare_paths(args.base, args.new, args.threshold, args.fail_on_regression,
+            base, new = split_sides(args.runs, args.base, args.new, argv)
+            return compare_paths(base, new, args.threshold, args.fail_on_regression,
                                  all_points=args.all, csv_out=args.csv)
         if args.cmd == "import":
             from .importers import import_to_run
@@ -535,14 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "model":
             return cmd_model(args)
     except UsageError as e:
-        from .launch import detect
+        from .launch import say_once
 
-        if detect().rank == 0:
-            print(f"commbench: error: {e}", file=sys.stderr, flush=True)
-        else:
-            # Rank 0 says it once. The others leave a moment later: mpirun ends the job at the
-            # first non-zero exit, which could cut rank 0 off before its line is out.
-            time.sleep(1.0)
+        say_once(f"commbench: error: {e}")
         return e.exit_status
     except RunFailed as e:  # already said in one line by the rank that failed
         if os.environ.get("COMMBENCH_DEBUG"):

@@ -1,15 +1,22 @@
-"""Compare two runs point by point: is the new run faster, slower, or within noise?
+"""Compare runs point by point: is the new side faster, slower, or within noise?
 
-Rows keep summary statistics, not raw samples, so each side's uncertainty is rebuilt
-from what a row holds (see point_ci). A change counts only when BOTH hold:
+Each side is one run or several repeated runs of the same thing. What decides whether a
+difference is a change is how much a point moves from one run to the next (clock boost,
+placement, a neighbour on the machine or the fabric), and one run's samples cannot show
+that: two runs of the same code can differ by several times at one small message while
+each run's own interval is a few per cent wide. So:
 
-1. |new p50 / base p50 - 1| exceeds the threshold (default 5 %): run-to-run drift that a
-   single run's samples cannot show (clock boost, placement, a neighbour on the fabric)
-   is often a few per cent, so smaller changes are not called even when "significant";
-2. the two ~95 % confidence intervals do not overlap (a conservative test: two disjoint
-   95 % intervals mean p < 0.05 for the difference with room to spare).
+* With two or more runs on a side, every point is judged on the spread BETWEEN runs
+  (between_runs): the per-run p50s of the point, on a log scale, in a Welch t-interval of
+  the difference of the two sides' means. A change counts only when
+  1. |ratio - 1| exceeds the threshold (default 5 %), the smallest change worth a line, and
+  2. the ~95 % interval of the ratio excludes 1.
+* With one run per side there is no run-to-run spread to judge by. The verdict then falls
+  back to each run's own ~95 % interval of its p50 (point_ci) and the threshold, and every
+  verdict and the summary say that it cannot separate noise from a change.
 
-Pure pandas/numpy.
+Rows keep summary statistics, not raw samples; pure pandas/numpy (the t quantile is
+computed here, so scipy is not needed).
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ VERDICTS = ("faster", "slower", "not significant")
 Z95 = 1.959964
 # sqrt(pi/2): the median of n normal samples has standard error ~1.2533 sigma/sqrt(n).
 _MEDIAN_SE = math.sqrt(math.pi / 2)
-
+ONE_RUN_CAVEAT = "one run per side: cannot separate noise from change"
+REPEAT_HINT = "repeat each side (compare A1 A2 A3 -- B1 B2 B3) to judge on the spread between runs"
 
 def _num(v) -> float:
     try:
@@ -81,63 +89,217 @@ def point_ci(row) -> tuple[float, float, str]:
     return p50 - h, p50 + h, "median (p50..p90 spread)"
 
 
+# --- Student's t, for the between-run interval -------------------------------------------
+# Welch's degrees of freedom are fractional and small (2..4 with three runs a side), where
+# the normal 1.96 would be far too narrow (t(0.975, 2) = 4.30), so the quantile is computed
+# exactly: the t CDF through the regularized incomplete beta function, inverted by bisection.
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betai(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df (> 0, not necessarily whole) degrees of freedom."""
+    tail = 0.5 * _betai(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile (0.5 <= p < 1) of Student's t with df degrees of freedom."""
+    if not (0.5 <= p < 1.0 and df > 0):
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df > 0, got p={p}, df={df}")
+    lo, hi = 0.0, 2.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def between_runs(base_p50s, new_p50s) -> dict | None:
+    """A ~95 % interval of new/base from the per-run p50s of one point on each side.
+
+    Why this statistic: a run's p50 already averages hundreds of iterations, so what is
+    left to decide is whether the runs of one side differ from those of the other by more
+    than runs of one side differ among themselves -- a two-sample question with a handful
+    of values a side. Timing changes are multiplicative (a slower path is a factor, and
+    the threshold is a ratio) and run-to-run scatter is right-skewed, so the test runs on
+    log p50: the difference of the sides' mean log p50 is the log of the ratio of their
+    geometric means. Welch's t-interval does not assume the two sides are equally noisy
+    (a change can bring noise with it) and uses Student's t at the Welch-Satterthwaite
+    degrees of freedom, which keeps the interval honest at 2-5 runs a side. A rank test
+    (Mann-Whitney) cannot reach 5 % at all with 3 runs a side (its smallest two-sided
+    p is 0.1), and a bootstrap over 3 runs has only a few distinct resamples.
+
+    When one side has a single run, its scatter is unknown: it is taken to be the other
+    side's (a pooled two-sample t with that side's runs - 1 degrees of freedom).
+
+    Each run's own interval (point_ci) takes no part: a run's p50 carries its sampling
+    error into the spread between runs already, and a run of few iterations has an
+    interval so wide (p90 many times p50) that it would swamp the runs that agree. That the
+    sample variance of 2-3 runs can come out small by chance is what Student's t, rather
+    than the normal, pays for.
+
+    Returns {"ratio", "lo", "hi", "df", "basis"}, or None when a p50 is not a positive
+    number, or every run of both sides gave the same p50 (no spread to judge by).
+    """
+    lb = [math.log(x) for x in map(_num, base_p50s) if x > 0 and math.isfinite(x)]
+    ln = [math.log(x) for x in map(_num, new_p50s) if x > 0 and math.isfinite(x)]
+    m, n = len(lb), len(ln)
+    if m != len(base_p50s) or n != len(new_p50s) or not m or not n or m + n < 3:
+        return None
+
+    def var(v):
+        mu = sum(v) / len(v)
+        return sum((x - mu) ** 2 for x in v) / (len(v) - 1)
+
+    if m > 1 and n > 1:
+        eb, en = var(lb) / m, var(ln) / n
+        se2 = eb + en
+        df = se2 * se2 / (eb * eb / (m - 1) + en * en / (n - 1)) if se2 > 0 else math.nan
+        basis = f"between runs: Welch t on log p50, {m} vs {n} runs"
+    else:
+        many, side = (lb, "base") if m > 1 else (ln, "new")
+        se2 = var(many) * (1.0 / m + 1.0 / n)
+        df = len(many) - 1
+        basis = f"between runs: t on log p50, {m} vs {n} runs, the {side} side's spread for both"
+    if not se2 > 0:
+        return None
+    h = t_quantile(0.975, df) * math.sqrt(se2)
+    d = sum(ln) / n - sum(lb) / m
+    return {"ratio": math.exp(d), "lo": math.exp(d - h), "hi": math.exp(d + h), "df": df, "basis": basis}
+
+
 def _blank(v) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
-def _keyed(df):
-    """One row per point: canonical keys, and duplicates (repeated runs on one side)
-    merged: median p50 and busbw, the union of their intervals."""
-    import pandas as pd
+def _center(values) -> float:
+    """A side's figure from its runs' values: the geometric mean (the centre between_runs
+    tests), or the median when a value is not positive (a zero busbw)."""
+    v = [x for x in map(_num, values) if math.isfinite(x)]
+    if len(v) < 2:
+        return v[0] if v else math.nan  # exactly the run's value, not exp(log(value))
+    if all(x > 0 for x in v):
+        return math.exp(sum(math.log(x) for x in v) / len(v))
+    v.sort()
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
+
+def _sides(df) -> dict:
+    """key -> {run: (p50, ci_lo, ci_hi, basis, busbw)}: one entry per point and run. A point
+    twice in one run (only when a frame is passed in directly: compare_paths refuses that)
+    keeps the median p50 and the union of the intervals."""
+    out: dict = {}
     if df is None or len(df) == 0:
-        return pd.DataFrame(columns=list(KEYS) + ["run", "p50", "busbw", "ci_lo", "ci_hi", "basis", "iters"])
-    recs = []
+        return out
     for r in df.to_dict("records"):
+        key = (str(r.get("benchmark")), _blank(r.get("backend")), int(r.get("world")), int(r.get("nbytes") or 0),
+               _blank(r.get("dtype")), _blank(r.get("variant")) or "default", _blank(r.get("placement")),
+               params_key(r.get("params")), _blank(r.get("stage")))
         lo, hi, basis = point_ci(r)
-        recs.append({
-            "benchmark": str(r.get("benchmark")), "backend": _blank(r.get("backend")),
-            "world": int(r.get("world")), "nbytes": int(r.get("nbytes") or 0), "dtype": _blank(r.get("dtype")),
-            "variant": _blank(r.get("variant")) or "default", "placement": _blank(r.get("placement")),
-            "params": params_key(r.get("params")),
-            "stage": _blank(r.get("stage")), "run": _blank(r.get("run")), "p50": _num(r.get("time_us_p50")),
-            "busbw": _num(r.get("busbw_gbps")), "ci_lo": lo, "ci_hi": hi, "basis": basis,
-            "iters": _num(r.get("iters")),
-        })
-    k = pd.DataFrame(recs)
-    if not k.duplicated(list(KEYS)).any():
-        return k
-    out = []
-    for key, g in k.groupby(list(KEYS), sort=False):
-        has_ci = g["ci_lo"].notna().all()
-        out.append({**dict(zip(KEYS, key)), "run": ",".join(sorted(set(g["run"]))),
-                    "p50": float(g["p50"].median()), "busbw": float(g["busbw"].median()),
-                    "ci_lo": float(min(g["ci_lo"].min(), g["p50"].min())) if has_ci else math.nan,
-                    "ci_hi": float(max(g["ci_hi"].max(), g["p50"].max())) if has_ci else math.nan,
-                    "basis": g["basis"].iloc[0] + (f" x{len(g)} runs" if has_ci else ""),
-                    "iters": float(g["iters"].sum())})
-    return pd.DataFrame(out)
+        out.setdefault(key, {}).setdefault(_blank(r.get("run")), []).append(
+            (_num(r.get("time_us_p50")), lo, hi, basis, _num(r.get("busbw_gbps"))))
+    for runs in out.values():
+        for run, rs in runs.items():
+            if len(rs) > 1:
+                p50s = sorted(x[0] for x in rs)
+                has = all(math.isfinite(x[1]) for x in rs)
+                runs[run] = [((p50s[(len(p50s) - 1) // 2] + p50s[len(p50s) // 2]) / 2,
+                              min(min(x[1] for x in rs), p50s[0]) if has else math.nan,
+                              max(max(x[2] for x in rs), p50s[-1]) if has else math.nan,
+                              rs[0][3], _center([x[4] for x in rs]))]
+            runs[run] = runs[run][0]
+    return out
 
 
 COLUMNS = list(KEYS) + [
-    "base_run", "new_run", "base_p50_us", "new_p50_us", "ratio", "change_pct", "base_ci_lo", "base_ci_hi",
+    "base_run", "new_run", "base_runs", "new_runs", "base_p50_us", "new_p50_us", "base_run_p50s_us",
+    "new_run_p50s_us", "ratio", "change_pct", "change_lo_pct", "change_hi_pct", "base_ci_lo", "base_ci_hi",
     "new_ci_lo", "new_ci_hi", "base_busbw_gbps", "new_busbw_gbps", "busbw_change_pct", "verdict", "basis",
-    "only_in",
+    "caveat", "only_in",
 ]
 
 
+def _side_columns(runs: dict | None, prefix: str) -> dict:
+    """The columns of one side of a point: its runs, their p50s and the side's figure and
+    interval (one run: its own ~95 % interval; several: the t-interval of their geometric
+    mean)."""
+    if not runs:
+        return {f"{prefix}_run": math.nan, f"{prefix}_runs": 0, f"{prefix}_p50_us": math.nan,
+                f"{prefix}_run_p50s_us": "", f"{prefix}_ci_lo": math.nan, f"{prefix}_ci_hi": math.nan,
+                f"{prefix}_busbw_gbps": math.nan}
+    vals = list(runs.values())
+    p50s = [v[0] for v in vals]
+    p50 = _center(p50s)
+    lo = hi = math.nan
+    if len(vals) == 1:
+        lo, hi = vals[0][1], vals[0][2]
+    elif all(x > 0 for x in p50s):
+        logs = [math.log(x) for x in p50s]
+        mu = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in logs) / (len(logs) - 1))
+        h = t_quantile(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+        lo, hi = math.exp(mu - h), math.exp(mu + h)
+    return {f"{prefix}_run": ",".join(runs), f"{prefix}_runs": len(vals), f"{prefix}_p50_us": p50,
+            f"{prefix}_run_p50s_us": ";".join(f"{x:.6g}" for x in p50s), f"{prefix}_ci_lo": lo,
+            f"{prefix}_ci_hi": hi, f"{prefix}_busbw_gbps": _center(v[4] for v in vals)}
+
+
 def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
-    """One row per point of either run, matched on (benchmark, backend, world, nbytes,
-    dtype, variant, params, stage).
+    """One row per point of either side, matched on KEYS. Each frame holds one run or
+    several (its `run` column tells them apart).
 
-    Matched points: ratio = new p50 / base p50, change_pct = (ratio - 1) * 100,
-    busbw_change_pct, both intervals (point_ci) and verdict: "slower" when change_pct >
-    threshold and the new interval lies wholly above the base one, "faster" the mirror,
-    else "not significant". When either side has no spread (an imported file with only
-    averages) the threshold alone decides and basis says "threshold only (no spread)".
-    only_in is "".
+    Matched points: ratio = new / base of the sides' p50 (a side of several runs: the
+    geometric mean of their p50s), change_pct = (ratio - 1) * 100, busbw_change_pct, and
+    verdict "slower" / "faster" / "not significant":
 
-    Points in one run only: only_in "base" or "new", verdict "only in base"/"only in new",
+    * two or more runs on either side (base_runs, new_runs): the change must pass the
+      threshold and its ~95 % interval (change_lo_pct..change_hi_pct, between_runs) must
+      exclude 0. When there is no spread between runs to judge by (every run of both sides
+      gave the same p50) or a p50 is not positive, the threshold alone decides and basis
+      says so.
+    * one run per side: the change must pass the threshold and the two runs' own ~95 %
+      intervals (point_ci) must not overlap; when either has no spread (an imported file
+      with only averages) the threshold alone decides. caveat says that this cannot
+      separate noise from change.
+
+    Points on one side only: only_in "base" or "new", verdict "only in base"/"only in new",
     the other side's columns NaN.
     """
     import pandas as pd
@@ -146,46 +308,54 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
         from .errors import UsageError
 
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
-    b, n = _keyed(base_df), _keyed(new_df)
-    m = b.merge(n, on=list(KEYS), how="outer", suffixes=("_b", "_n"), indicator=True)
-    out = []
+    b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
-    for r in m.to_dict("records"):
-        row = {k: r[k] for k in KEYS}
-        row.update(base_run=r.get("run_b"), new_run=r.get("run_n"), base_p50_us=r.get("p50_b"),
-                   new_p50_us=r.get("p50_n"), base_ci_lo=r.get("ci_lo_b"), base_ci_hi=r.get("ci_hi_b"),
-                   new_ci_lo=r.get("ci_lo_n"), new_ci_hi=r.get("ci_hi_n"), base_busbw_gbps=r.get("busbw_b"),
-                   new_busbw_gbps=r.get("busbw_n"))
-        side = r["_merge"]
-        if side != "both":
-            row.update(ratio=math.nan, change_pct=math.nan, busbw_change_pct=math.nan,
-                       verdict="only in base" if side == "left_only" else "only in new",
-                       basis="", only_in="base" if side == "left_only" else "new")
+    out = []
+    for key in list(b) + [k for k in n if k not in b]:
+        sb, sn = b.get(key), n.get(key)
+        row = {**dict(zip(KEYS, key)), **_side_columns(sb, "base"), **_side_columns(sn, "new"),
+               "ratio": math.nan, "change_pct": math.nan, "change_lo_pct": math.nan, "change_hi_pct": math.nan,
+               "busbw_change_pct": math.nan, "caveat": "", "only_in": "", "basis": ""}
+        if not sb or not sn:
+            side = "base" if sb else "new"
+            row.update(verdict=f"only in {side}", only_in=side)
             out.append(row)
             continue
-        bp, np_ = float(r["p50_b"]), float(r["p50_n"])
+        bp, np_ = row["base_p50_us"], row["new_p50_us"]
         ratio = np_ / bp if bp > 0 else math.nan
-        change = (ratio - 1.0) * 100.0
-        bb, nb = float(r["busbw_b"]), float(r["busbw_n"])
-        bw_change = (nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan
-        have_ci = all(math.isfinite(float(r[c])) for c in ("ci_lo_b", "ci_hi_b", "ci_lo_n", "ci_hi_n"))
+        bb, nb = row["base_busbw_gbps"], row["new_busbw_gbps"]
         verdict = "not significant"
-        if math.isfinite(ratio):
-            if ratio - 1.0 > thr and (not have_ci or r["ci_lo_n"] > r["ci_hi_b"]):
-                verdict = "slower"
-            elif 1.0 - ratio > thr and (not have_ci or r["ci_hi_n"] < r["ci_lo_b"]):
-                verdict = "faster"
-        basis = (f"{r['basis_b']} vs {r['basis_n']}" if r["basis_b"] != r["basis_n"] else r["basis_b"]) \
-            if have_ci else "threshold only (no spread)"
-        row.update(ratio=ratio, change_pct=change, busbw_change_pct=bw_change, verdict=verdict, basis=basis,
-                   only_in="")
+        if len(sb) == 1 and len(sn) == 1:
+            (_, blo, bhi, bbasis, _), = sb.values()
+            (_, nlo, nhi, nbasis, _), = sn.values()
+            have_ci = all(math.isfinite(x) for x in (blo, bhi, nlo, nhi))
+            if math.isfinite(ratio):
+                if ratio - 1.0 > thr and (not have_ci or nlo > bhi):
+                    verdict = "slower"
+                elif 1.0 - ratio > thr and (not have_ci or nhi < blo):
+                    verdict = "faster"
+            basis = (f"{bbasis} vs {nbasis}" if bbasis != nbasis else bbasis) if have_ci \
+                else "threshold only (no spread)"
+            row["caveat"] = ONE_RUN_CAVEAT
+        else:
+            br = between_runs([v[0] for v in sb.values()], [v[0] for v in sn.values()])
+            if br is not None:
+                ratio = br["ratio"]
+                row.update(change_lo_pct=(br["lo"] - 1.0) * 100.0, change_hi_pct=(br["hi"] - 1.0) * 100.0)
+            if math.isfinite(ratio):
+                if ratio - 1.0 > thr and (br is None or br["lo"] > 1.0):
+                    verdict = "slower"
+                elif 1.0 - ratio > thr and (br is None or br["hi"] < 1.0):
+                    verdict = "faster"
+            basis = br["basis"] if br is not None else "threshold only (no spread between runs)"
+        row.update(ratio=ratio, change_pct=(ratio - 1.0) * 100.0, verdict=verdict, basis=basis,
+                   busbw_change_pct=(nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan)
         out.append(row)
     res = pd.DataFrame(out, columns=COLUMNS)
     if len(res):
         res["_o"] = res["only_in"].map({"": 0, "base": 1, "new": 2})
         res = res.sort_values(["_o", "benchmark", "backend", "world", "dtype", "variant", "placement", "params",
-                               "stage",
-                               "nbytes"], kind="stable").drop(columns="_o").reset_index(drop=True)
+                               "stage", "nbytes"], kind="stable").drop(columns="_o").reset_index(drop=True)
     return res
 
 
@@ -206,10 +376,12 @@ def exit_status(df, fail_on_regression: bool) -> int:
 
 
 def summary(df) -> dict:
+    """Verdict counts; "one run per side": matched points judged without a run-to-run spread."""
     matched, only = split_only(df)
     counts = {v: int((matched["verdict"] == v).sum()) for v in VERDICTS}
     counts["only in base"] = int((only["only_in"] == "base").sum())
     counts["only in new"] = int((only["only_in"] == "new").sum())
+    counts["one run per side"] = int((matched["caveat"].astype(str) != "").sum())
     return counts
 
 
@@ -218,60 +390,117 @@ def _params_text(key: str) -> str:
     return " ".join(f"{k}={v}" for k, v in json.loads(key).items())
 
 
-def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True) -> None:
-    """Rich table of a compare_runs frame (matched points), then the points found in one
-    run only. all_points=False shows only the faster/slower points."""
+def _runs_text(col) -> str:
+    """'3' or '2-3': how many runs a side held over the matched points."""
+    lo, hi = int(col.min()), int(col.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
+    """(title, caption) of the compare table: the verdict counts, and on what they rest."""
+    matched, _ = split_only(df)
+    s = summary(df)
+    counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
+    thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
+    single = s["one run per side"]
+    if not len(matched) or single == len(matched):
+        return (f"compare: {counts} -- {ONE_RUN_CAVEAT}" if len(matched) else f"compare: {counts}",
+                (f"{thr}ratio = new p50 / base p50; +- is the ~95 % interval of the p50 inside one run, which does "
+                 f"not see how much a point moves from run to run; a change counts when it passes the threshold "
+                 f"and the intervals do not overlap; {REPEAT_HINT}"))
+    runs = f"{_runs_text(matched['base_runs'])} base vs {_runs_text(matched['new_runs'])} new runs"
+    title = f"compare over {runs}: {counts}"
+    if single:
+        title += f" ({single} point(s) had one run per side: cannot separate noise from change)"
+    return (title, (f"{thr}p50 = geometric mean of the runs' p50s (lowest..highest run); change with its ~95 % "
+                    f"interval from a Welch t-test on the runs' log p50s; a change counts when it passes the "
+                    f"threshold and its interval excludes 0"))
+
+
+def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
+                  wide: bool | None = None) -> None:
+    """Rich table of a compare_runs frame (matched points), then the points found on one
+    side only. all_points=False shows only the faster/slower points. No number is cut
+    (viewkit.print_table): secondary columns give way on a narrow terminal; wide (default:
+    `--wide`) keeps them all."""
     from rich.markup import escape
 
-    from .report import _console, stdout_is_tty
+    from . import report
     from .units import fmt_size
-    from .viewkit import table
+    from .viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
 
-    console = console or _console()
-    plain = not stdout_is_tty()
+    console = console or report._console()
+    wide = report._WIDE if wide is None else wide
+    plain = not report.stdout_is_tty()
     matched, only_df = split_only(df)
     if only is not None:
         only_df = only
     shown = matched if all_points else matched[matched["verdict"] != "not significant"]
     opt = ("dtype", "variant", "placement", "params", "stage")
     cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend",) + opt}
+    repeats = bool(len(matched)) and bool((matched[["base_runs", "new_runs"]].max(axis=1) > 1).any())
     s = summary(df)
-    thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
-    t = table(f"compare: {s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant",
-              f"{thr}ratio = new p50 / base p50; a change counts when it passes the threshold and the "
-              "~95 % intervals (\u00b1) do not overlap", plain)
-    heads = ["benchmark"] + [c for c in ("backend",) if cols_opt[c]] + ["world", "size"] + \
-        [c for c in opt if cols_opt[c]] + \
-        ["base p50 (us)", "new p50 (us)", "change", "busbw base", "busbw new", "busbw change", "verdict"]
-    for h in heads:
-        t.add_column(h, justify="left" if h in ("benchmark", "backend", "verdict") + opt else "right")
+    title, caption = headline(df, threshold_pct)
+    t = table(title, caption, plain)
+    for h in ["benchmark"] + [c for c in ("backend",) if cols_opt[c]]:
+        add_column(t, h, left=True)
+    add_column(t, "world")
+    add_column(t, "size")
+    for c in opt:
+        if cols_opt[c]:
+            add_column(t, c, left=True, wrap=c == "params")
+    add_column(t, "base p50 (us)")
+    add_column(t, "new p50 (us)")
+    add_column(t, "change")
+    if repeats:  # what the verdict rests on, then the runs' own range
+        add_column(t, "95% interval")
+        add_column(t, "base runs (us)", level=COMPACT)
+        add_column(t, "new runs (us)", level=COMPACT)
+    add_column(t, "busbw base", level=WIDE)
+    add_column(t, "busbw new", level=WIDE)
+    add_column(t, "busbw change", level=COMPACT)
+    add_column(t, "verdict", left=True, level=ALWAYS, wrap=True)
+    pm_sign = "+-" if plain else "\u00b1"
 
-    def pm(p50, lo, hi):
-        if not (math.isfinite(p50)):
+    def p50_cell(p50, lo, hi, runs):
+        if not math.isfinite(p50):
             return "-"
-        if math.isfinite(lo) and math.isfinite(hi):
-            return f"{p50:.2f} \u00b1{(hi - lo) / 2:.2f}" if not plain else f"{p50:.2f} +-{(hi - lo) / 2:.2f}"
+        if runs == 1 and math.isfinite(lo) and math.isfinite(hi):  # one run: its own interval
+            return f"{p50:.2f} {pm_sign}{(hi - lo) / 2:.2f}"
         return f"{p50:.2f}"
+
+    def range_cell(runs, run_p50s):
+        v = [float(x) for x in str(run_p50s).split(";") if x]
+        return f"{min(v):.2f}..{max(v):.2f}" if runs > 1 and v else "-"
 
     for r in shown.to_dict("records"):
         style = {"slower": "red", "faster": "green"}.get(r["verdict"])
+        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
             [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
             [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \
-            [pm(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"]),
-             pm(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"]),
-             f"{r['change_pct']:+.1f}%", _f(r["base_busbw_gbps"]), _f(r["new_busbw_gbps"]),
-             f"{r['busbw_change_pct']:+.1f}%" if math.isfinite(r["busbw_change_pct"]) else "-",
-             f"[{style}]{r['verdict']}[/{style}]" if style and not plain else r["verdict"]]
-        t.add_row(*[c if c.startswith(f"[{style}]") else escape(c) for c in cells])
+            [p50_cell(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"], r["base_runs"]),
+             p50_cell(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"], r["new_runs"]),
+             f"{_pct_text(r['change_pct'])}%"]
+        if repeats:
+            cells += [f"{_pct_text(r['change_lo_pct'])}..{_pct_text(r['change_hi_pct'])}%"
+                      if math.isfinite(r["change_lo_pct"]) else "-",
+                      range_cell(r["base_runs"], r["base_run_p50s_us"]),
+                      range_cell(r["new_runs"], r["new_run_p50s_us"])]
+        cells += [_f(r["base_busbw_gbps"]), _f(r["new_busbw_gbps"]),
+                  f"{_pct_text(r['busbw_change_pct'])}%" if math.isfinite(r["busbw_change_pct"]) else "-"]
+        t.add_row(*map(escape, cells), f"[{style}]{escape(verdict)}[/{style}]" if style and not plain
+                  else escape(verdict))
     if len(shown) or not len(matched):
-        console.print(t)
+        print_table(console, t, wide)
     else:
-        console.print(f"{t.title}: no point changed by more than the threshold and its intervals")
+        console.print(f"{title}: no point changed by more than the threshold and its interval")
+        if s["one run per side"]:
+            console.print(REPEAT_HINT)
     if len(only_df):
-        o = table(f"points in one run only ({s['only in base']} base, {s['only in new']} new)", "", plain)
+        o = table(f"points on one side only ({s['only in base']} base, {s['only in new']} new)", "", plain)
         for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
-            o.add_column(h)
+            add_column(o, h, left=True, wrap=h == "params")
         gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "placement", "params", "stage"]
         for key, g in only_df.groupby(gkeys, sort=False):
             r = dict(zip(gkeys, key))
@@ -280,7 +509,14 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
                 f"{fmt_size(sizes[0])}..{fmt_size(sizes[-1])} ({len(sizes)})"
             o.add_row(*map(escape, (r["only_in"], r["benchmark"], str(r["world"]), sz, r["dtype"], r["variant"],
                                     r["placement"], _params_text(r["params"]), r["stage"])))
-        console.print(o)
+        print_table(console, o, wide)
+
+
+def _pct_text(v: float) -> str:
+    """A change in per cent, short: an interval over 2-3 noisy runs can reach +5000 %."""
+    if v > 9999:
+        return ">+9999"
+    return f"{v:+.1f}" if abs(v) < 100 else f"{v:+.0f}"
 
 
 def _f(v) -> str:
@@ -301,23 +537,85 @@ def _refuse_duplicates(df) -> None:
                          f"compare will not guess which to use")
 
 
-def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
-                  all_points: bool = True, csv_out=None) -> int:
-    """`commbench compare BASE NEW`: load both (run directories or lists of them), print,
-    optionally write the frame as CSV; returns the exit status (exit_status)."""
+def _load_side(paths, name: str):
+    """The rows of one side's runs, each run named by its directory (by the path as given
+    when two directories of one side share a name, as a/quick and b/quick)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .errors import UsageError
     from .results import load
 
+    if not paths:
+        raise UsageError(f"no run given for the {name} side")
+    seen = {}
+    for p in paths:
+        q = Path(p).resolve()
+        q = q.parent if q.name == "rows.jsonl" else q
+        if q in seen:
+            raise UsageError(f"{p}: given twice for the {name} side (the same run twice is not a repeat)")
+        seen[q] = p
+    frames = [load(p) for p in paths]
+    names = [str(f["run"].iloc[0]) if len(f) else Path(p).name for f, p in zip(frames, paths)]
+    clash = {x for x in names if names.count(x) > 1}
+    for f, p, x in zip(frames, paths, names):
+        f["run"] = str(p) if x in clash else x
+    return pd.concat(frames, ignore_index=True)
+
+
+def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
+                  all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
+    """`commbench compare`: load both sides (a run directory or a list of repeated runs
+    each), print, optionally write the frame as CSV; returns the exit status (exit_status)."""
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
-    sides = [load(base), load(new)]
+    sides = [_load_side(base, "base"), _load_side(new, "new")]
     for side in sides:
         _refuse_duplicates(side)
     df = compare_runs(*sides, threshold_pct)
-    print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points)
+    print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
     if csv_out:
         df.to_csv(csv_out, index=False)
     return exit_status(df, fail_on_regression)
 
 
+def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:
+    """The base and new runs of a `commbench compare` command line.
+
+    Three forms: `BASE NEW`; `A1 A2 ... -- B1 B2 ...`; `--base A1 A2 ... --new B1 B2 ...`.
+    argparse drops the `--` from the positionals (and, by Python version, one or all of
+    them), so the new side is read from argv: every word after the first `--` (argv is
+    the command line argparse parsed, runs its positionals)."""
+    from .errors import UsageError
+
+    forms = "give BASE NEW, A1 A2 ... -- B1 B2 ..., or --base A1 A2 ... --new B1 B2 ..."
+    runs = list(runs or [])
+    if base or new:
+        if runs:
+            raise UsageError(f"runs given both as positionals and with --base/--new: {forms}")
+        if not (base and new):
+            raise UsageError(f"{'--new' if base else '--base'} is missing: {forms}")
+        return list(base), list(new)
+    argv = list(argv)
+    if "--" in argv:
+        after = argv[argv.index("--") + 1:]
+        for a in after:
+            if a.startswith("-"):
+                raise UsageError(f"{a} after --: every word after -- is a run of the new side; put options before --")
+        before = runs[:len(runs) - len(after)] if len(after) <= len(runs) else []
+        if before and before[-1] == "--":
+            before.pop()  # a Python whose argparse keeps the `--` among the positionals
+        if not after:
+            raise UsageError(f"no run after --: {forms}")
+        if not before:
+            raise UsageError(f"no run before --: {forms}")
+        return before, after
+    if len(runs) != 2:
+        raise UsageError(f"{len(runs)} run(s) without --: {forms}")
+    return [runs[0]], [runs[1]]
+
+
 __all__ = ["compare_runs", "regressions", "split_only", "exit_status", "summary", "print_compare", "compare_paths",
-           "point_ci", "KEYS", "COLUMNS", "VERDICTS"]
+           "point_ci", "between_runs", "t_quantile", "split_sides", "headline", "KEYS", "COLUMNS", "VERDICTS",
+           "ONE_RUN_CAVEAT"]

@@ -184,7 +184,14 @@ def calibrate_gemm(target_s: float, make: Callable[[int], Compute], agree: Calla
     """The compute whose time is about target_s (OSU: compute ~ the pure collective's time):
     n scaled by the cube root of the time ratio until within tol. agree(t) returns the
     slowest rank's time, so every rank takes the same steps and ends with the same n.
-    time_runs(compute, k) -> k run times in seconds (the communicator's clock)."""
+    time_runs(compute, k) -> k run times in seconds (the communicator's clock). How many
+    runs follow the first three is decided from their times: a time_runs that synchronizes
+    the ranks (a barrier between runs) must return the same times on every rank (the
+    slowest rank's per run), or the ranks would run different counts and hang.
+
+    Each size is timed for about 50 ms: a short window. A caller that then times the chosen
+    compute in a longer loop should check it against the target (the overlap benchmark
+    recalibrates from that loop when it misses by more than CALIBRATION_WARN_FACTOR)."""
     n = int(min(max(n0, lo), hi))
     best = None
     for _ in range(rounds):

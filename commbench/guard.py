@@ -66,6 +66,9 @@ class Guard:
         os.set_blocking(self._wfd, False)
         self._stopped = False
         self._thread = None
+        # Ranks 0..members-1 take part in the current world (the rank-count sweep): only they
+        # can be late for its operations.
+        self.members = world
         self._slot = None  # the failure file's space, taken while the disk still has it
         # Set by spawn_local: the launcher this rank must not outlive.
         pid = os.environ.get("COMMBENCH_LAUNCHER_PID", "")
@@ -110,6 +113,15 @@ class Guard:
         with self._lock:
             self._deadline = None
 
+    def idle(self, where: str) -> None:
+        """Wait with no deadline of this rank's own (outside a smaller world, for as long as
+        its sweep takes): named, so a failure message says where, and ended by a peer's
+        failure file like any other wait."""
+        with self._lock:
+            self._where = where
+            self._deadline = None
+        self._write_progress(where)
+
     def stop(self) -> None:
         self._stopped = True
         self.disarm()
@@ -129,8 +141,14 @@ class Guard:
     def report_failure(self, reason: str) -> None:
         """This rank is failing with `reason`: tell the others (failure file), and give them
         a moment to read it before this process exits."""
-        if self.progress_dir is None:
+        if not self._write_failure(reason):
             return
+        if self.world > 1:
+            time.sleep(FAILURE_LINGER_S)
+
+    def _write_failure(self, reason: str) -> bool:
+        if self.progress_dir is None:
+            return False
         data = json.dumps({"rank": self.rank, "reason": reason[:FAILURE_SLOT_NBYTES - 100]}).encode()
         final = self.progress_dir / f"failed-{self.launch}-rank-{self.rank}"
         try:
@@ -141,15 +159,14 @@ class Guard:
             # A full disk: overwrite the space taken at start-up (no new blocks), then rename.
             try:
                 if self._slot is None:
-                    return
+                    return False
                 with open(self._slot, "r+b") as f:
                     f.write(data)
                     f.truncate(len(data))
                 os.replace(self._slot, final)
             except OSError:
-                return
-        if self.world > 1:
-            time.sleep(FAILURE_LINGER_S)
+                return False
+        return True
 
     def peer_failure(self) -> tuple[int, str] | None:
         """(rank, reason) of another rank's failure in this launch, if one was reported."""
@@ -189,7 +206,7 @@ class Guard:
         if self.progress_dir is None:
             return []
         now, out = time.time(), []
-        for r in range(self.world):
+        for r in range(min(self.members, self.world)):
             if r == self.rank:
                 continue
             try:
@@ -224,7 +241,7 @@ class Guard:
         if self.progress_dir is None:
             return None
         late = []
-        for r in range(self.world):
+        for r in range(min(self.members, self.world)):
             try:
                 step = json.loads((self.progress_dir / f"rank-{r}").read_text())["step"]
             except (OSError, ValueError, KeyError):
@@ -279,6 +296,9 @@ class Guard:
             else:
                 who = "every rank reached this step and is alive: the operation itself hangs"
         reason = f"timeout: no progress for {self.timeout_s:g} s at {where}; {who}"
+        # Tell every rank, including those with no deadline of their own (waiting outside a
+        # smaller world): they end on the failure file instead of waiting forever.
+        self._write_failure(reason)
         self._end("failed", reason, EXIT_TIMEOUT)
 
     def _fatal_signal(self, signum: int) -> None:

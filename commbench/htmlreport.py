@@ -10,9 +10,11 @@ import math
 import time
 from pathlib import Path
 
-from .analysis import fit_table, presenters, scaling_table
+from .analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
+from .report import METRIC_NAMES, own_metrics_caption
+from .results import params_dict
 from .units import fmt_size
-from .viewkit import Section, fmt, has, text
+from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -77,13 +79,38 @@ def run_header(name: str, meta: dict) -> list[tuple[str, str]]:
     if meta.get("import_notes"):
         out.append(("import notes", "; ".join(meta["import_notes"])))
     if meta.get("command"):
-        out.append(("command", " ".join(map(str, meta["command"]))))
+        out.append(("command", command_line(meta["command"])))
     return out
 
 
-def benchmark_sections(df, figures: dict) -> list[Section]:
+def command_line(command) -> str:
+    """The command a run was started with, as the user types it: a record that kept the
+    interpreter's view (".../commbench/__main__.py run ...", "python -m commbench run ...")
+    reads "commbench run ..."."""
+    words = [str(w) for w in (command if isinstance(command, (list, tuple)) else str(command).split())]
+    for i, w in enumerate(words):
+        if w.endswith("__main__.py") or (w == "commbench" and (i == 0 or words[i - 1] == "-m")):
+            return " ".join(["commbench"] + words[i + 1:])
+    return " ".join(words)
+
+
+def run_line(name: str, meta: dict) -> str:
+    """One line saying what a run was: the first thing under the report's title."""
+    hosts = sorted(set(meta.get("hosts") or []))
+    parts = [f"suite {text(meta.get('suite')) or '-'}", f"{meta.get('backend', '-')}/{meta.get('device', '-')}",
+             f"{meta.get('world', '-')} ranks" + (f" on {', '.join(hosts)}" if hosts else ""),
+             str(meta.get("status", "-"))]
+    if meta.get("imported_from"):
+        parts.insert(0, f"imported from {meta['imported_from']}")
+    if meta.get("command"):
+        parts.append("command: " + command_line(meta["command"]))
+    return f"{name}: " + "; ".join(parts)
+
+
+def benchmark_sections(df, figures: dict, floors: dict | None = None) -> list[Section]:
     """Each benchmark's sections (Benchmark.report_sections), with the figures drawn for
-    it; the generic table for those that have none of their own, and those first."""
+    it; the generic table for those that have none of their own, and those first.
+    floors: run name -> the profile's latency floor (us), for the latency findings."""
     generic, own = [], []
     multi_run = df["run"].nunique() > 1
     for bench, b in sorted(presenters(df).items()):
@@ -91,35 +118,36 @@ def benchmark_sections(df, figures: dict) -> list[Section]:
         figs = [f for f in figures.values() if f.benchmark == bench]
         mine = b.report_sections(g, figs)
         if mine is None:
-            generic.append(collective_section(bench, b, g, figs, multi_run))
+            generic.append(collective_section(bench, b, g, figs, multi_run, floors or {}))
         else:
             own += mine
     return generic + own
 
 
-def collective_section(bench: str, b, g, figs: list, multi_run: bool) -> Section:
-    """The generic table: by size (variant, dtype, params and stage when they vary), or
-    latency only for a benchmark without sizes (barrier)."""
+def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: dict | None = None) -> Section:
+    """The generic table: by size (variant, placement, dtype, params and stage when they
+    vary), or latency only for a benchmark without sizes; with its summary findings."""
+    found = collective_findings(bench, g, multi_run, floors or {})
     if not b.sized or (g["nbytes"].astype(float) <= 0).all():
         heads = (["run"] if multi_run else []) + ["world", "p50 (us)", "p99 (us)", "iters", "check"]
         rows = [([text(r["run"])] if multi_run else []) +
                 [str(r["world"]), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), text(r.get("iters")),
                  text(r.get("check"))] for r in g.sort_values(["run", "world"]).to_dict("records")]
-        return Section(f"{bench}", b.formula or "latency only", heads, rows, figs)
+        return Section(f"{bench}", b.formula or "latency only", heads, rows, figs, findings=found)
     g = g.copy()
     g["variant"] = g["variant"].map(text).replace("", "default") if "variant" in g.columns else "default"
-    vary = {c: c in g.columns and g[c].map(text).nunique() > 1 for c in ("variant", "dtype", "params", "stage")}
+    g["placement"] = g["placement"].map(text) if "placement" in g.columns else ""
+    keys = ("variant", "placement", "dtype", "params", "stage")
+    vary = {c: c in g.columns and g[c].map(text).nunique() > 1 for c in keys}
     ceil = "pct_of_ceiling" in g.columns and g["pct_of_ceiling"].astype(float).notna().any()
-    heads = (["run"] if multi_run else []) + ["world"] + [c for c in ("variant", "dtype", "params", "stage")
-                                                         if vary[c]] + \
+    heads = (["run"] if multi_run else []) + ["world"] + [c for c in keys if vary[c]] + \
         ["size", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
         (["ceiling (GB/s)", "% of ceiling"] if ceil else []) + ["check"]
     rows = []
-    sort = [c for c in ("run", "world", "variant", "dtype", "stage", "nbytes") if c in g.columns]
+    sort = [c for c in ("run", "world", "variant", "placement", "dtype", "stage", "nbytes") if c in g.columns]
     for r in g.sort_values(sort).to_dict("records"):
         cells = ([text(r["run"])] if multi_run else []) + [str(r["world"])]
-        cells += [(b.describe(r.get("params") or {}) if c == "params" else text(r.get(c))) for c in
-                  ("variant", "dtype", "params", "stage") if vary[c]]
+        cells += [(b.describe(r.get("params") or {}) if c == "params" else text(r.get(c))) for c in keys if vary[c]]
         cells += [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
                   fmt(r["busbw_gbps"], 3)]
         if ceil:
@@ -129,7 +157,87 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool) -> Section
     note = f"{b.formula}; p50/p99 of the slowest rank per iteration; GB = 1e9 B".lstrip("; ")
     if "source" in g.columns and g["source"].map(has).any():
         note += "; imported rows: p50 is the tool's mean time"
-    return Section(bench, note, heads, rows, figs)
+    return Section(bench, note, heads, rows, figs, findings=found)
+
+
+def _varies(df, key: str) -> bool:
+    """Does `key` take several values within one benchmark's rows?"""
+    return key in df.columns and bool((df[key].map(text).groupby(df["benchmark"]).nunique() > 1).any())
+
+
+def _bytes(n) -> str:
+    """A size in a sentence: "8 B", "64K"."""
+    t = fmt_size(int(n))
+    return f"{t} B" if t.isdigit() else t
+
+
+def _where(r: dict, multi_run: bool, varies: dict) -> str:
+    """A row's point in a finding: run (several), world, and variant/placement/dtype where
+    they vary."""
+    parts = ([text(r.get("run"))] if multi_run else []) + [f"n={int(r['world'])}"]
+    parts += [text(r.get(k)) for k in ("variant", "placement", "dtype") if varies.get(k) and text(r.get(k))]
+    return " ".join(parts)
+
+
+def collective_findings(bench: str, g, multi_run: bool, floors: dict) -> list[Finding]:
+    """A collective's summary lines: its peak busbw against the ceiling, and its
+    small-message latency (p50 at the smallest size, each world) against the latency
+    floor; a benchmark without sizes: its latency."""
+    out = []
+    g = g.copy()
+    g["run"] = g["run"].map(text)
+    varies = {k: k in g.columns and g[k].map(text).nunique() > 1 for k in ("variant", "placement", "dtype")}
+    sized = g[g["nbytes"].astype(float) > 0]
+    if len(sized) and "busbw_gbps" in sized.columns:
+        bw = sized["busbw_gbps"].astype(float)
+        if bw.notna().any():
+            r = sized.loc[bw.idxmax()].to_dict()
+            pct = r.get("pct_of_ceiling")
+            line = r.get("ceiling_gbps")
+            out.append(Finding(bench, "peak busbw", f"{num(bw.max())} GB/s at {_bytes(r['nbytes'])}, "
+                               f"{_where(r, multi_run, varies)}"
+                               + (f" = {fmt(pct, 1)}% of the {num(line)} GB/s line rate" if has(pct) and has(line)
+                                  else ""), judge_ceiling(pct)))
+    lat = sized if len(sized) else g
+    if len(lat):
+        # Each world's smallest size (a blocked collective's smallest differs with n).
+        n = lat["nbytes"].astype(float)
+        small = lat[n == n.groupby([lat["run"], lat["world"]]).transform("min")]
+        by = small.sort_values(["run", "world"]).to_dict("records")
+        what = "p50 at the smallest size" if len(sized) else "p50"
+        vals = ", ".join(f"{num(r['time_us_p50'])} us" + (f" at {_bytes(r['nbytes'])}" if len(sized) else "")
+                         + f" ({_where(r, multi_run, varies)})" for r in by[:6]) + \
+            (f" and {len(by) - 6} more" if len(by) > 6 else "")
+        first = min(by, key=lambda r: int(r["world"]))
+        floor = floors.get(first["run"])
+        out.append(Finding(bench, "small-message latency" if len(sized) else "latency", f"{what}: {vals}",
+                           judge_latency(float(first["time_us_p50"]), floor)))
+    return out
+
+
+def check_findings(df) -> list[Finding]:
+    """Did every point pass its data check, and which rows carry a warning."""
+    out = []
+    checks = df["check"].map(text) if "check" in df.columns else None
+    if checks is not None:
+        failed = int((checks == "fail").sum())
+        ok = int((checks == "ok").sum())
+        if failed:
+            names = ", ".join(sorted(set(df.loc[checks == "fail", "benchmark"])))
+            out.append(Finding("checks", "data check", f"{failed} of {len(df)} points FAILED ({names})",
+                               "their figures are not valid: a wrong result was measured"))
+        elif ok:
+            out.append(Finding("checks", "data check", f"{ok} points verified, {len(df) - ok} without a check",
+                               "every checked result was exact"))
+        else:
+            out.append(Finding("checks", "data check", f"none of {len(df)} points checked (imported, or --no-check)",
+                               "the results are unverified"))
+    if "warning" in df.columns and df["warning"].map(has).any():
+        w = df[df["warning"].map(has)]
+        out.append(Finding("checks", "warnings", f"{len(w)} rows ({', '.join(sorted(set(w['benchmark'])))}): "
+                           + "; ".join(sorted(set(w["warning"].map(text)))[:3]),
+                           "read those rows with their warning"))
+    return out
 
 
 def scaling_section(df, figures: dict) -> Section | None:
@@ -140,48 +248,117 @@ def scaling_section(df, figures: dict) -> Section | None:
     if sc.empty:
         return None
     multi_run = "run" in sc.columns and sc["run"].nunique() > 1
-    # The largest size of each collective group (all sizes: `commbench report` in a terminal).
-    keys = [k for k in ("run", "benchmark", "backend", "dtype", "variant", "params", "stage") if k in sc.columns]
-    sized = {b: v.sized for b, v in presenters(sc).items()}
-    parts = []
-    for _, g in sc.groupby(keys, sort=True):
-        if sized[g["benchmark"].iloc[0]]:
-            g = g[g["nbytes"] == g["nbytes"].max()]
-        parts.append(g)
-    import pandas as pd
-
-    sc = pd.concat(parts)
-    heads = (["run"] if multi_run else []) + ["benchmark", "stage", "size", "world", "metric", "value", "efficiency"]
+    views = presenters(sc)
+    # The largest size of each collective group (all sizes: `commbench report --wide`).
+    sc = largest_size(sc)
+    rs = sorted(sc.to_dict("records"), key=lambda r: (
+        text(r.get("run")), r["benchmark"], text(r.get("variant")), text(r.get("placement")), text(r.get("dtype")),
+        params_order(r.get("params"), views[r["benchmark"]].params), text(r.get("stage")), int(r["world"])))
+    vary = {k: _varies(sc, k) for k in ("variant", "placement", "dtype")}
+    show_params = any(not views[r["benchmark"]].sized or params_dict(r["params"]) for r in rs)
+    heads = (["run"] if multi_run else []) + ["benchmark"] + [k for k in ("variant", "placement", "dtype") if vary[k]] \
+        + (["params"] if show_params else []) + ["stage", "size", "world", "metric", "value", "efficiency"]
     rows = []
-    for r in sc.to_dict("records"):
-        rows.append(([text(r["run"])] if multi_run else []) + [
-            r["benchmark"], text(r.get("stage")), fmt_size(int(r["nbytes"])) if sized[r["benchmark"]] else "",
-            str(r["world"]), r["metric"], f"{r['value']:.4g}", f"{r['efficiency_pct']:.1f}%"])
+    for r in rs:
+        b = views[r["benchmark"]]
+        rows.append(([text(r["run"])] if multi_run else []) + [r["benchmark"]]
+                    + [text(r.get(k)) for k in ("variant", "placement", "dtype") if vary[k]]
+                    + ([b.describe(params_dict(r["params"]))] if show_params else [])
+                    + [text(r.get("stage")), fmt_size(int(r["nbytes"])) if b.sized else "", str(r["world"]),
+                       METRIC_NAMES.get(r["metric"], r["metric"]), num(r["value"]), f"{r['efficiency_pct']:.1f}%"])
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
-                   "busbw at the largest size measured at several worlds; moe: tokens/s per rank)", heads, rows, figs)
+                   "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
+                   findings=scaling_findings(sc, views))
+
+
+def scaling_findings(sc, views) -> list[Finding]:
+    """Per benchmark: the efficiency at its largest world, against its smallest, over the
+    groups at their largest size; the median judged, the worst named."""
+    out = []
+    for bench, g in sc.groupby("benchmark", sort=True):
+        g = g.assign(_run=g["run"].map(text) if "run" in g.columns else "")
+        top = g[g["world"] == g.groupby("_run")["world"].transform("max")]
+        top = top[top["world"] > top["base_world"]]
+        if top.empty:
+            continue
+        eff = top["efficiency_pct"].astype(float)
+        worst = top.loc[eff.idxmin()]
+        b = views[bench]
+        at = fmt_size(int(worst["nbytes"])) if b.sized else b.describe(params_dict(worst["params"]))
+        stage = f" {worst['stage']}" if text(worst.get("stage")) else ""
+        span = f"n={int(top['base_world'].min())} to n={int(top['world'].max())}"
+        val = (f"{eff.iloc[0]:.0f}% ({span}, {at})" if len(top) == 1 else
+               f"median {eff.median():.0f}% over {len(top)} points ({span}); worst {eff.min():.0f}% at {at}{stage}")
+        out.append(Finding(bench, f"weak scaling ({METRIC_NAMES.get(worst['metric'], worst['metric'])})", val,
+                           judge_efficiency(float(eff.median()))))
+    return out
 
 
 def fit_section(df) -> Section | None:
+    thin: list[str] = []
     try:
-        ft = fit_table(df)
+        ft = fit_table(df, thin=thin)
     except Exception:  # noqa: BLE001
         return None
-    if ft.empty:
+    if ft.empty and not thin:
         return None
     multi_run = "run" in ft.columns and ft["run"].nunique() > 1
-    heads = (["run"] if multi_run else []) + ["benchmark", "world", "variant", "dtype", "sizes", "alpha (us)",
-                                               "B (GB/s)", "busbw asym (GB/s)", "n_half", "rms err"]
+    vary = {k: _varies(ft, k) for k in ("variant", "placement")}
+    heads = (["run"] if multi_run else []) + ["benchmark", "world"] + [k for k in ("variant", "placement") if vary[k]] \
+        + ["dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half", "rms err"]
     rows = []
     for r in ft.to_dict("records"):
         nh = r["n_half_nbytes"]
-        rows.append(([text(r["run"])] if multi_run else []) + [
-            r["benchmark"], str(r["world"]), text(r.get("variant")) or "default", text(r["dtype"]),
-            f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
+        rows.append(([text(r["run"])] if multi_run else []) + [r["benchmark"], str(r["world"])]
+                    + [text(r.get(k)) or ("default" if k == "variant" else "-") for k in ("variant", "placement")
+                       if vary[k]] + [
+            text(r["dtype"]), f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
             fmt(r["alpha_us"], 3), fmt(r["bandwidth_gbps"], 3), fmt(r["busbw_asymptote_gbps"], 3),
             fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}%"])
-    return Section("Alpha-beta fits", "t = alpha + S/B over each size sweep (relative least squares); n_half = "
-                   "alpha x B, the size reaching half of B", heads, rows)
+    note = ("t = alpha + S/B over each size sweep (relative least squares); n_half = alpha x B, the size reaching "
+            f"half of B; sweeps of at least {MIN_FIT_SIZES} sizes (two parameters pass through any two points)")
+    if thin:
+        note += f"; not fitted, too few sizes: {'; '.join(thin)}"
+    return Section("Alpha-beta fits", note, heads, rows)
+
+
+def variant_sections(df, skipped: dict) -> list[Section]:
+    """What the terminal prints after a variants run: the skipped variants, each group's
+    side-by-side table and each variant's verdict against the baseline; the verdicts and
+    the skipped ones are summary findings too."""
+    from .report import variant_comparisons
+
+    comps = variant_comparisons(df) if "variant" in df.columns else []
+    if not comps and not skipped:
+        return []
+    found = [Finding("variants", f"{n} skipped", text(why), "not measured: no verdict")
+             for n, why in skipped.items()]
+    out = []
+    for c in comps:
+        for n, best, at, cross in c["verdicts"]:
+            found.append(Finding("variants", f"{n} vs {c['baseline']} ({c['benchmark']} n={c['world']})",
+                                 f"best {best:.2f}x at {fmt_size(at)}",
+                                 f"faster from {fmt_size(cross)} up" if cross is not None else
+                                 "never faster at the largest sizes: keep the baseline there"))
+        out.append(Section(c["title"], c["caption"], c["headers"], c["rows"], level=3, bullets=c["lines"]))
+    head = Section("Variants", "each variant a launch of its own; x = the baseline's p50 / the variant's",
+                   findings=found, bullets=[f"variant {n}: skipped: {why}" for n, why in skipped.items()])
+    return [head] + out
+
+
+def summary_section(sections: list[Section], first: list[Finding]) -> Section:
+    """The findings of every section, in the report's order, as one table at the top."""
+    found = list(first) + [f for s in sections for f in s.findings]
+    # One block per topic (a benchmark's scaling line joins its peak and latency lines),
+    # topics in the order the report's sections take; the topic named once per block.
+    order = list(dict.fromkeys(f.topic for f in found))
+    rows = []
+    for topic in order:
+        rows += [[topic if i == 0 else "", f.measure, f.value, f.verdict]
+                 for i, f in enumerate(f for f in found if f.topic == topic)]
+    return Section("Summary", "each measure with one line of judgement; the figures and the raw tables follow",
+                   ["", "measure", "value", "judgement"], rows, fold=False, findings=found)
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,14 +376,14 @@ def _md_table(headers, rows) -> str:
     return "\n".join(out) + "\n"
 
 
-def _html_table(headers, rows) -> str:
+def _html_table(headers, rows, cls: str = "") -> str:
     if not headers:
         return ""
     num = [all(_numeric(r[i]) for r in rows if i < len(r) and r[i] not in ("", "-")) for i in range(len(headers))]
     h = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers)
     body = "".join("<tr>" + "".join(f"<td{' class=n' if num[i] else ''}>{html.escape(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>\n" for r in rows)
-    return f"<table>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>\n"
+    return f"<table{' class=' + cls if cls else ''}>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>\n"
 
 
 def _numeric(s) -> bool:
@@ -227,64 +404,102 @@ th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tbody tr:nth-child(even){background:#fafafa}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
-.note{color:#555;font-size:.9em}dl.run{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;
+.note{color:#555;font-size:.9em}ul.runs{font-size:.9em;color:#333;padding-left:1.2em}
+details{margin:.4em 0 1em}details>summary{cursor:pointer;color:#245;font-size:.9em}
+table.summary{font-size:.92em}table.summary td:first-child{font-weight:600;white-space:nowrap}
+table.summary td:nth-child(2){white-space:nowrap}
+dl.run{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;
 font-size:.9em}dl.run dt{font-weight:600}dl.run dd{margin:0;word-break:break-word}
 """
 
 
-def _render_md(title, runs, sections, fig_rel) -> str:
+def _md_fold(s: Section) -> list[str]:
+    if not s.headers:
+        return []
+    table = _md_table(s.headers, s.rows)
+    if not s.fold:
+        return [table]
+    # GitHub-flavoured markdown renders a table inside <details> when blank lines surround it.
+    return [f"<details><summary>{html.escape(s.title)}: {len(s.rows)} rows</summary>", "", table, "</details>", ""]
+
+
+def _render_md(title, lines, runs, sections, fig_rel) -> str:
     out = [f"# {title}", ""]
     out.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by commbench.")
     out.append("")
-    out.append("## Runs")
-    for name, pairs in runs:
-        out += ["", f"### {name}", ""]
-        out += [f"- **{k}**: {v}" for k, v in pairs]
+    out += [f"- {x}" for x in lines]
     for s in sections:
         out += ["", "#" * s.level + f" {s.title}", ""]
         if s.note:
             out += [f"_{s.note}_", ""]
+        if s.bullets:
+            out += [f"- {b}" for b in s.bullets] + [""]
         for f in s.figures:
             out += [f"![{f.title}]({fig_rel[f.name]})", ""] + ([f"_{f.caption}_", ""] if f.caption else [])
-        if s.headers:
-            out.append(_md_table(s.headers, s.rows))
+        out += _md_fold(s)
+    out += ["", "## Runs"]
+    for name, pairs in runs:
+        out += ["", f"### {name}", ""]
+        out += [f"- **{k}**: {v}" for k, v in pairs]
     return "\n".join(out).rstrip() + "\n"
 
 
-def _render_html(title, runs, sections) -> str:
+def _render_html(title, lines, runs, sections) -> str:
     e = html.escape
     out = ["<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
            f"<title>{e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>",
-           f"<p class=note>Generated {e(time.strftime('%Y-%m-%d %H:%M:%S'))} by commbench.</p>", "<h2>Runs</h2>"]
-    for name, pairs in runs:
-        out.append(f"<h3>{e(name)}</h3><dl class=run>")
-        out += [f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in pairs]
-        out.append("</dl>")
+           f"<p class=note>Generated {e(time.strftime('%Y-%m-%d %H:%M:%S'))} by commbench.</p>"]
+    out.append("<ul class=runs>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>")
     for s in sections:
         out.append(f"<h{s.level}>{e(s.title)}</h{s.level}>")
         if s.note:
             out.append(f"<p class=note>{e(s.note)}</p>")
+        if s.bullets:
+            out.append("<ul>" + "".join(f"<li>{e(b)}</li>" for b in s.bullets) + "</ul>")
         for f in s.figures:
             data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
             out.append(f"<figure><img alt=\"{e(f.title)}\" src=\"data:image/png;base64,{data}\">"
                        f"<figcaption>{e(f.caption)}</figcaption></figure>")
         if s.headers:
-            out.append(_html_table(s.headers, s.rows))
+            table = _html_table(s.headers, s.rows, "summary" if not s.fold else "")
+            out.append(table if not s.fold else
+                       f"<details><summary>{e(s.title)}: {len(s.rows)} rows</summary>\n{table}</details>")
+    out.append("<h2>Runs</h2>")
+    for name, pairs in runs:
+        out.append(f"<details><summary>{e(name)}</summary><h3>{e(name)}</h3><dl class=run>")
+        out += [f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in pairs]
+        out.append("</dl></details>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _floors(metas: dict, profile) -> dict:
+    """run -> the latency floor (us) its rows are judged against: the profile given, else
+    the one the run recorded (a measured loopback floor included)."""
+    if profile is not None:
+        return {run: getattr(profile, "scaleup_latency_us", None) for run in metas}
+    return {run: (((m or {}).get("ceilings") or {}).get("fields") or {}).get("scaleup_latency_us")
+            for run, m in metas.items()}
 
 
 def write_report(paths, out_dir, profile=None, title: str = "commbench report") -> dict:
     """Load the runs, draw the figures (when matplotlib is installed), write
     out_dir/report.md, out_dir/report.html and out_dir/figures/*.png.
 
+    The report opens with the answer: one line per run, then a summary (each benchmark's
+    findings with one line of judgement: peak busbw against the ceiling, small-message
+    latency, each benchmark's own findings, scaling efficiency, variant verdicts); then each
+    section's figures with its raw table folded; the run details last.
+
     profile: a ceilings.Profile (or a profile name / .toml path) to judge every row
     against; None keeps each row's own ceiling fields.
 
     Returns {"markdown": Path, "html": Path, "figures": {name: Path}, "series": {name:
-    [legend labels]}, "notes": [str]}.
+    [legend labels]}, "notes": [str], "drawn": {name: viewkit.FigureInfo (with .figure,
+    the matplotlib Figure)}, "findings": [viewkit.Finding]}.
     """
     from .errors import UsageError
+    from .report import skipped_variants
     from .results import load, load_meta
 
     if isinstance(paths, (str, Path)):
@@ -316,22 +531,29 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         figures = plots.make_figures(df, fig_dir, profile)
     else:
         notes.append("matplotlib is not installed: no figures (pip install 'commbench[plot]')")
-    sections = benchmark_sections(df, figures)
+    sections = benchmark_sections(df, figures, _floors(metas, profile))
     for s in (scaling_section(df, figures), fit_section(df)):
         if s is not None:
             sections.append(s)
     # In-switch speedup has no table of its own: its figure goes with the sections.
     if "inswitch_speedup" in figures:
         sections.append(Section("In-switch vs ring", "", figures=[figures["inswitch_speedup"]]))
+    sections += variant_sections(df, skipped_variants(metas.values()))
     if notes:
         sections.insert(0, Section("Notes", "; ".join(notes)))
-    runs = [(name, run_header(name, meta)) for name, meta in metas.items()]
+    summary = summary_section(sections, check_findings(df))
+    sections.insert(0, summary)
+    lines = [run_line(name, meta or {}) for name, meta in metas.items()]
+    runs = [(name, run_header(name, meta or {})) for name, meta in metas.items()]
     if profile is not None:
+        lines.append(f"every row judged against profile {profile.name}")
         runs.append(("ceilings", [("profile", f"{profile.name}: every row judged against it")]))
     fig_rel = {n: f"figures/{Path(f.path).name}" for n, f in figures.items()}
     md = out / "report.md"
-    md.write_text(_render_md(title, runs, sections, fig_rel))
+    md.write_text(_render_md(title, lines, runs, sections, fig_rel))
     hp = out / "report.html"
-    hp.write_text(_render_html(title, runs, sections))
+    hp.write_text(_render_html(title, lines, runs, sections))
     return {"markdown": md, "html": hp, "figures": {n: Path(f.path) for n, f in figures.items()},
-            "series": {n: list(f.series) for n, f in figures.items()}, "notes": notes}
+            "series": {n: list(f.series) for n, f in figures.items()}, "notes": notes, "drawn": figures,
+            "findings": [f for t in dict.fromkeys(f.topic for f in summary.findings)
+                         for f in summary.findings if f.topic == t]}

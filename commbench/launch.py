@@ -62,9 +62,49 @@ def local_ranks(world: int) -> int:
                                                          "RANK")) else 1
 
 
+# Variables that name one launch (a job step), so the ranks of one launch on one host can
+# agree, through a file, on which of them prints a message they all have.
+JOB_KEYS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMI_KVSNAME",
+            "TORCHELASTIC_RUN_ID", "COMMBENCH_LAUNCHER_PID", "MASTER_PORT")
+
+
+def job_key(env=None) -> str | None:
+    env = os.environ if env is None else env
+    parts = [f"{k}={env[k]}" for k in JOB_KEYS if env.get(k)]
+    return ";".join(parts) or None
+
+
+def say_once(line: str, env=None) -> None:
+    """Print a line every rank of the launch has (a refusal all ranks reach) once per host,
+    from whichever rank gets there first, and let the others linger a moment. Rank 0 alone
+    would not do: mpirun ends the job at the first non-zero exit, which can cut rank 0 off
+    before its line is out when another rank refused first."""
+    import hashlib
+    import tempfile
+    import time
+
+    info = detect(env)
+    key = job_key(env) if info.world > 1 else None
+    first = info.world <= 1 or (key is None and info.rank == 0)
+    if key is not None:
+        name = "commbench-said-" + hashlib.sha1(f"{key};{line}".encode()).hexdigest()[:20]
+        try:
+            os.close(os.open(os.path.join(tempfile.gettempdir(), name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            first = True
+        except FileExistsError:
+            first = False
+        except OSError:
+            first = info.rank == 0
+    if first:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(1.0)
+
+
 def prepare_torch_env(info: LaunchInfo) -> None:
-    """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, when no
-    MASTER_ADDR is given, agree on rank 0's host and a free port over MPI."""
+    """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, unless
+    both MASTER_ADDR and MASTER_PORT are given, agree over MPI on an address of rank 0's
+    host that every rank reaches (a given MASTER_ADDR is checked) and a port."""
     os.environ.setdefault("RANK", str(info.rank))
     os.environ.setdefault("WORLD_SIZE", str(info.world))
     os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
@@ -76,9 +116,11 @@ def prepare_torch_env(info: LaunchInfo) -> None:
     if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
         from mpi4py import MPI
 
-        addr = MPI.COMM_WORLD.bcast((socket.gethostname(), free_port()) if info.rank == 0 else None, root=0)
-        os.environ.setdefault("MASTER_ADDR", addr[0])
-        os.environ.setdefault("MASTER_PORT", str(addr[1]))
+        from .rendezvous import agree_master
+
+        # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
+        addr, port = agree_master(MPI.COMM_WORLD, info.rank)
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
 
 
 def _mpi_importable() -> bool:
@@ -178,11 +220,19 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     the end the run's meta.json is checked: a run whose rank 0 died before it could say
     so is marked failed here."""
     import signal
-    import time
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
     # The ranks watch this pid: a launcher killed outright (SIGKILL) takes its job with it.
     base_env = {**os.environ, **(extra_env or {}), "COMMBENCH_LAUNCHER_PID": str(os.getpid())}
+    if sys.stdout.isatty():
+        # Ranks under mpirun write to a pipe, which mpirun passes on a line at a time: a
+        # progress bar (redrawn with "\r", no newline) would show only at the end. Rank 0
+        # draws it on the launcher's terminal itself, at the terminal's width.
+        base_env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
+        try:
+            base_env.setdefault("COMMBENCH_TTY_PATH", os.ttyname(sys.stdout.fileno()))
+        except OSError:
+            pass
     if backend == "mpi":
         # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
         procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=base_env)]

@@ -22,6 +22,10 @@ ASSUMPTIONS: list[str] = [
     "contention, incast or switch queuing",
     "B is per direction per GPU; sending and receiving overlap fully",
     "one NIC per GPU: scale-out bandwidth is per GPU, not shared within a domain",
+    "placement: p ranks fill the fewest scale-up domains that hold them in equal parts, "
+    "G = the largest divisor of p not above the domain size, N = p/G domains (128 ranks on "
+    "72-GPU racks: 2 racks x 64 GPUs, 8 idle in each; 12 on 8-GPU nodes: 2 x 6); the formulas "
+    "need the same G in every domain",
     "flat algorithms (ring, recursive doubling, Rabenseifner, pairwise all_to_all) run "
     "at the slowest link: above one scale-up domain (p > G) every step costs the scale-out tier",
     "pairwise all_to_all above one domain: (p-G)/p of the bytes cross the NIC and "
@@ -92,9 +96,38 @@ def _check_p(p: int) -> int:
     return int(p)
 
 
+def ranks_per_domain(p: int, domain_gpus: int | None) -> int:
+    """G, the ranks each scale-up domain holds at world p: p itself when it fits one domain
+    (or the domain is unbounded), else the largest divisor of p not above domain_gpus.
+
+    The cost formulas take one G for every domain, so p ranks are spread in equal parts
+    over the fewest domains that hold them: 128 ranks on 72-GPU racks run as 2 racks of 64
+    (8 GPUs of each rack idle: a power-of-two expert-parallel group does not divide 72),
+    1024 as 16 x 64, 12 ranks on 8-GPU nodes as 2 x 6. A prime p above the domain size
+    ends as p domains of one rank: placement() says so beside every projected row.
+    """
+    p = _check_p(p)
+    if domain_gpus is None or p <= domain_gpus:
+        return p
+    return next(g for g in range(int(domain_gpus), 0, -1) if p % g == 0)
+
+
+def placement(p: int, fabric: Fabric) -> dict:
+    """How world p sits on the fabric's domains: domain_ranks (G), domains (N = p/G) and a
+    short text, "2 x 64/72" (N domains x G ranks of the domain's GPUs), "8/72" for one
+    domain, "one host" when the domain is unbounded."""
+    G = ranks_per_domain(p, fabric.domain_gpus)
+    N = p // G
+    if fabric.domain_gpus is None:
+        text = "one host"
+    else:
+        text = (f"{N} x " if N > 1 else "") + f"{G}/{fabric.domain_gpus}"
+    return {"domain_ranks": G, "domains": N, "placement": text}
+
+
 def _domain(p: int, fabric: Fabric) -> int:
-    """Ranks per scale-up domain at world p (capped at p)."""
-    return p if fabric.domain_gpus is None else min(fabric.domain_gpus, p)
+    """Ranks per scale-up domain at world p (ranks_per_domain's placement rule)."""
+    return ranks_per_domain(p, fabric.domain_gpus)
 
 
 def _scaleout(fabric: Fabric, what: str) -> Tier:
@@ -125,8 +158,9 @@ def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> floa
     - hierarchical, G per domain, N = p/G: 2(G-1) a_nvl + 2(N-1) a_nic
       + 2(G-1)/G S/B_nvl + 2(N-1)/N (S/G)/B_nic, plus gamma on the bytes each phase reduces.
 
-    The flat ones (and inswitch) use the scale-up tier when p <= G, else the scale-out
-    tier. p = 1 costs nothing.
+    G is ranks_per_domain's (p in equal parts over the fewest domains). The flat ones (and
+    inswitch) use the scale-up tier when p <= G, else the scale-out tier. p = 1 costs
+    nothing.
     """
     p = _check_p(p)
     if algo not in ALL_REDUCE_ALGOS:
@@ -135,9 +169,7 @@ def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> floa
         return 0.0
     S, g = float(nbytes), fabric.gamma_us_per_byte
     if algo == "hierarchical":
-        G = _domain(p, fabric)
-        if p % G:
-            raise UsageError(f"hierarchical all_reduce needs p={p} to be a multiple of G={G}")
+        G = _domain(p, fabric)  # divides p by construction (placement rule)
         N = p // G
         t = 2 * (G - 1) * fabric.scaleup.alpha_us + 2 * (G - 1) / G * _xfer_us(S, fabric.scaleup)
         t += (G - 1) / G * S * g
@@ -218,8 +250,8 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
     after the NIC hop. Combine moves the same copies back; token_nbytes None means the
     stage's DeepSeek-V3 row (FP8 H + H/32 for dispatch, BF16 2H for combine).
 
-    G None takes the fabric's domain size (capped at p; p when unset); M is capped at
-    the N = p/G domains there are.
+    G None takes the fabric's placement (ranks_per_domain: p in equal parts over the fewest
+    domains); M is capped at the N = p/G domains there are.
 
     Returns time_us, nic_us, nvl_us, latency_us, v_nic_nbytes, v_nvl_nbytes,
     nic_copies_per_token, nvl_copies_per_token, token_nbytes, bottleneck (tier name).
@@ -300,11 +332,12 @@ def calibrate_fabric(fit_rows, base: Fabric) -> Fabric:
 # ------------------------------------------------------------------ projection
 
 def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dict | None = None,
-            algos=None, cases=accounting.CASES) -> list[dict]:
+            algos=None, cases=accounting.CASES, skipped: list | None = None) -> list[dict]:
     """Rows of a what-if table, one per (world, size, algorithm) or (world, case).
 
-    - all_reduce: algos from ALL_REDUCE_ALGOS (default all of them; hierarchical is
-      left out at worlds it cannot split into domains).
+    Every row carries the world's placement (placement(): domain_ranks, domains, placement).
+
+    - all_reduce: algos from ALL_REDUCE_ALGOS (default all of them).
     - all_gather / reduce_scatter (ring), all_to_all (pairwise): algos ignored.
     Collective rows: kind, algo, world, nbytes, time_us, algbw_gbps = S/t, busbw_gbps
     (algbw times the benchmark's busbw factor; above the link rate for inswitch, see README "Formulas").
@@ -312,7 +345,9 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     - moe: moe_shape (default moe_scenario_defaults()) over `cases`; rows: kind, case,
       world, dispatch_us, combine_us, nic_copies_per_token, nvl_copies_per_token,
       dispatch_v_nic_nbytes, dispatch_v_nvl_nbytes, dispatch_bottleneck, combine_bottleneck.
-      Cases that do not fit a world (e.g. a world not a multiple of G) are left out.
+      Cases that do not fit a world (the experts do not spread evenly over p ranks, a node
+      limit the domains cannot take) are left out; `skipped`, when given a list, gets one
+      {kind, world, case, reason} per case left out, so a caller can say why.
     """
     if kind not in KINDS:
         raise UsageError(f"unknown projection kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -329,10 +364,13 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                                     shape["experts"], shape["topk"], p, None, shape["M"], fabric, "dispatch")
                     c = moe_time_us(case, shape["tokens"], shape["hidden"], None, shape["experts"],
                                     shape["topk"], p, None, shape["M"], fabric, "combine")
-                except UsageError:
+                except UsageError as e:
+                    if skipped is not None:
+                        skipped.append({"kind": kind, "world": p, "case": case, "reason": str(e)})
                     continue
-                out.append({"kind": kind, "case": case, "world": p, "dispatch_us": d["time_us"],
-                            "combine_us": c["time_us"], "nic_copies_per_token": d["nic_copies_per_token"],
+                out.append({"kind": kind, "case": case, "world": p, **placement(p, fabric),
+                            "dispatch_us": d["time_us"], "combine_us": c["time_us"],
+                            "nic_copies_per_token": d["nic_copies_per_token"],
                             "nvl_copies_per_token": d["nvl_copies_per_token"],
                             "dispatch_v_nic_nbytes": d["v_nic_nbytes"], "dispatch_v_nvl_nbytes": d["v_nvl_nbytes"],
                             "dispatch_bottleneck": d["bottleneck"], "combine_bottleneck": c["bottleneck"]})
@@ -354,8 +392,6 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
         for S in sizes_nbytes:
             for a in algos:
                 if kind == "all_reduce":
-                    if a == "hierarchical" and p % _domain(p, fabric):
-                        continue
                     t = all_reduce_time_us(a, p, S, fabric)
                 elif kind == "all_gather":
                     t = all_gather_time_us(p, S, fabric)
@@ -365,6 +401,6 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                     t = all_to_all_time_us(p, S, fabric)
                 algbw = S / (t * 1e3) if t > 0 else math.inf
                 f = bench.busbw_factor(p)
-                out.append({"kind": kind, "algo": a, "world": p, "nbytes": int(S), "time_us": t,
-                            "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0})
+                out.append({"kind": kind, "algo": a, "world": p, **placement(p, fabric), "nbytes": int(S),
+                            "time_us": t, "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0})
     return out

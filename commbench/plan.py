@@ -50,6 +50,20 @@ def mpi_large_count() -> bool:
         return False
 
 
+def point_seconds(cfg, p) -> float:
+    """A rough time for one point (PLAN_GBPS, PLAN_ALPHA_S): the --dry-run total, and the
+    weight of each point in the progress bar's estimate of the time left."""
+    from .benchmarks import get
+
+    bench = get(p.benchmark)
+    op_s = PLAN_ALPHA_S + bench.plan_nbytes(p) / (PLAN_GBPS * 1e9)
+    if cfg.iters:
+        t = (cfg.iters + cfg.warmup) * op_s
+    else:
+        t = cfg.warmup * op_s + min(max(cfg.min_time_ms / 1e3, cfg.min_iters * op_s), cfg.max_iters * op_s)
+    return t * bench.stages + PLAN_SETUP_S
+
+
 def plan(cfg, points: list, world: int, device: str, check_counts: bool = False) -> list[dict]:
     """Per point: buffer bytes per rank (the benchmark's own estimate) and a rough time.
     Refuses, before any rank starts, a sweep whose largest point does not fit this host's
@@ -66,12 +80,7 @@ def plan(cfg, points: list, world: int, device: str, check_counts: bool = False)
                 f"elements in one call, over the 2^31-1 an MPI count holds without MPI-4 large-count calls, "
                 f"which this MPI library lacks: use a wider dtype or a smaller size")
         mem = int(bench.memory_nbytes(p))
-        op_s = PLAN_ALPHA_S + bench.plan_nbytes(p) / (PLAN_GBPS * 1e9)
-        if cfg.iters:
-            t = (cfg.iters + cfg.warmup) * op_s
-        else:
-            t = cfg.warmup * op_s + min(max(cfg.min_time_ms / 1e3, cfg.min_iters * op_s), cfg.max_iters * op_s)
-        out.append({"point": p, "mem_nbytes": mem, "est_s": t * bench.stages + PLAN_SETUP_S})
+        out.append({"point": p, "mem_nbytes": mem, "est_s": point_seconds(cfg, p)})
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
         big = max(out, key=lambda r: r["mem_nbytes"])

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .analysis import collective_mask, params_key, presenters, scaling_table
+from .analysis import collective_mask, largest_size, params_key, presenters, scaling_table
+from .report import own_metrics_caption
 from .results import params_dict
 from .units import fmt_size
-from .viewkit import FigureInfo, int_log2_axis, labeler, new_figure, save_figure, size_axis, text
+from .viewkit import (FigureInfo, capturing, int_log2_axis, labeler, legend_beside, new_figure, save_figure, size_axis,
+                      text)
 
 
 def have_matplotlib() -> bool:
@@ -26,7 +28,7 @@ def have_matplotlib() -> bool:
 def _prep(df):
     """Text keys filled, params as dicts and as their canonical JSON (params_key)."""
     d = df.copy()
-    for c in ("variant", "stage", "run", "dtype", "backend"):
+    for c in ("variant", "stage", "run", "dtype", "backend", "placement"):
         d[c] = d[c].map(text) if c in d.columns else ""
     d["variant"] = d["variant"].replace("", "default")
     d["params"] = d["params"].map(params_dict) if "params" in d.columns else [{} for _ in range(len(d))]
@@ -47,8 +49,8 @@ def _ceiling_points(s, col) -> tuple:
     return ((0.0, vals.pop()),) if len(vals) == 1 else pts
 
 
-# One line per run, rank count, variant, dtype, backend, params and stage.
-SERIES_KEYS = ["run", "world", "variant", "dtype", "backend", "params_key", "stage"]
+# One line per run, rank count, variant, placement, dtype, backend, params and stage.
+SERIES_KEYS = ["run", "world", "variant", "placement", "dtype", "backend", "params_key", "stage"]
 
 
 def _size_series(d, bench: str) -> list:
@@ -77,6 +79,10 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
     lines, fig, ax = got
     series, ceilings = [], {}
     for key, lab, s in lines:
+        # A log axis: a sweep spans decades of busbw, and a linear one from 0 to the ceiling
+        # squashes every size below the large ones onto zero. Zero (a size too small to
+        # time) has no place on it.
+        s = s[s["busbw_gbps"].astype(float) > 0]
         ax.plot(s["nbytes"].astype(float), s["busbw_gbps"].astype(float), marker="o", ms=3, lw=1.5, label=lab)
         series.append(lab)
         line = _ceiling_points(s, "ceiling_gbps")
@@ -105,13 +111,14 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
                         label=lab)
             series.append(lab)
     size_axis(ax)
-    ax.set_ylabel("busbw (GB/s, 1 GB = 1e9 B)")
-    ax.set_ylim(bottom=0)
+    ax.set_yscale("log")
+    ax.set_ylabel("busbw (GB/s, 1 GB = 1e9 B, log)")
     ax.set_title(f"{bench}: bus bandwidth vs message size")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     path = save_figure(fig, out_dir, f"busbw_{bench}")
-    cap = "busbw = algbw x F (p50 time); dashed: the profile's line rate, dotted: its typical achieved rate"
+    cap = ("busbw = algbw x F (p50 time), log scale; dashed: the profile's line rate, dotted: its typical achieved "
+           "rate")
     return FigureInfo(f"busbw_{bench}", path, f"{bench} busbw", cap, series)
 
 
@@ -159,38 +166,68 @@ def fig_scaling(d, out_dir: Path) -> FigureInfo | None:
     sc = sc.copy()
     sc["params_key"] = sc["params"]
     # One line per group at the largest size measured at several worlds; an unsized
-    # benchmark's groups (moe) have no size key.
-    sized = {b: v.sized for b, v in presenters(sc).items()}
-    gkeys = ["run", "benchmark", "backend", "dtype", "variant", "params_key", "stage"]
+    # benchmark's groups have no size key.
+    views = presenters(sc)
+    gkeys = ["run", "benchmark", "backend", "dtype", "variant", "placement", "params_key", "stage"]
     sc["variant"] = sc["variant"].replace("", "default")
-    pick = []
-    for _, g in sc.groupby(gkeys, sort=True):
-        if sized[g["benchmark"].iloc[0]]:
-            g = g[g["nbytes"] == g["nbytes"].max()]
-        pick.append(g)
-    if not pick:
-        return None
-    import pandas as pd
-
-    sel = pd.concat(pick)
-    fig, axes = new_figure()
-    ax = axes[0][0]
-    label = labeler(sel, ["run", "benchmark", "variant", "dtype", "stage"])
-    series = []
+    sel = largest_size(sc)
+    lines = []
     for key, s in sel.groupby(gkeys, sort=True):
-        s = s.sort_values("world")
-        r = dict(zip(gkeys, key))
-        lab = label(r, always=("benchmark",))
-        if sized[r["benchmark"]]:
+        lines.append((dict(zip(gkeys, key)), s.sort_values("world")))
+    labels = _scaling_labels(sel, [r for r, _ in lines], views)
+    # A legend of many lines goes beside the axes, and the figure grows to hold it.
+    fig, axes = new_figure(w=8.0 + (3.5 if len(lines) > 6 else 0), h=max(4.8, 0.2 * len(lines) + 1.0))
+    ax = axes[0][0]
+    series = []
+    for (r, s), lab in zip(lines, labels):
+        if views[r["benchmark"]].sized:
             lab += f" @{fmt_size(int(s['nbytes'].iloc[0]))}"
         ax.plot(s["world"].astype(float), s["efficiency_pct"].astype(float), marker="o", ms=4, label=lab)
         series.append(lab)
     int_log2_axis(ax, sel["world"], "ranks (log2)")
-    path = _save_against(fig, ax, 100.0, "weak-scaling efficiency (% of the smallest world)",
-                         "scaling efficiency vs rank count (largest size per collective)", out_dir, "scaling")
+    ax.axhline(100.0, color="0.5", ls="--", lw=1)
+    ax.set_ylabel("weak-scaling efficiency (% of the smallest world)")
+    ax.set_title("scaling efficiency vs rank count (largest size per collective)")
+    ax.grid(True, alpha=0.3)
+    if len(lines) > 6:
+        legend_beside(ax, fontsize=7)
+    else:
+        ax.legend(fontsize=8, loc="best")
+    path = save_figure(fig, out_dir, "scaling")
     return FigureInfo("scaling", path, "scaling efficiency",
-                      "collectives: busbw at n / at the smallest n, at the largest size; moe: tokens/s per rank",
+                      "collectives: busbw at n / at the smallest n, at the largest size" + own_metrics_caption(sc),
                       series)
+
+
+def _scaling_labels(sel, keys: list[dict], views) -> list[str]:
+    """One legend label per scaling line: the benchmark, then only what tells two lines of
+    one benchmark apart (a key that differs only between benchmarks, as all_reduce's
+    in-place against send_recv's out-of-place, says nothing): run, backend, variant,
+    placement, the params as the benchmark describes them, the stage, and the dtype where
+    the stage does not already decide it (a stage with a dtype of its own). Every group key
+    is there, so no two entries are alike."""
+    def varies(g, key, by=()) -> bool:
+        return bool((g[key].astype(str).groupby([g[c] for c in by]).nunique() > 1).any()) if by else \
+            g[key].astype(str).nunique() > 1
+
+    multi_run = sel["run"].astype(str).nunique() > 1
+    shows = {}
+    for bench, g in sel.groupby("benchmark"):
+        shows[bench] = {k: varies(g, k) for k in ("backend", "variant", "placement", "params_key", "stage")}
+        shows[bench]["dtype"] = varies(g, "dtype", ["stage"])
+    out = []
+    for r in keys:
+        b, show = views[r["benchmark"]], shows[r["benchmark"]]
+        parts = ([str(r["run"])] if multi_run else []) + [r["benchmark"]]
+        parts += [str(r[k]) for k in ("backend", "variant", "placement") if show[k] and r[k]]
+        if show["params_key"]:
+            parts.append(b.describe(params_dict(r["params_key"])))
+        parts += [str(r[k]) for k in ("stage", "dtype") if show[k] and r[k]]
+        out.append(" ".join(parts))
+    if len(set(out)) < len(out):  # a param the benchmark's describe() leaves out: name every key that varies
+        label = labeler(sel, ["run", "benchmark", "backend", "variant", "placement", "dtype", "params_key", "stage"])
+        out = [label(r, always=("benchmark",)) for r in keys]
+    return out
 
 
 def _is_baseline(variant: str) -> int | None:
@@ -249,17 +286,21 @@ def make_figures(df, out_dir, profile=None) -> dict[str, FigureInfo]:
     d = _prep(df)
     figs: dict[str, FigureInfo] = {}
     views = presenters(d)
-    for bench in sorted(views):
-        rows = d[d["benchmark"] == bench]
-        own = views[bench].figures(rows, out_dir)
-        if own is None:
-            own = [fn(rows, bench, out_dir) for fn in (fig_busbw, fig_latency)] if views[bench].collective_rows else []
-        for f in own:
+    with capturing() as drawn:
+        for bench in sorted(views):
+            rows = d[d["benchmark"] == bench]
+            own = views[bench].figures(rows, out_dir)
+            if own is None:
+                own = [fn(rows, bench, out_dir) for fn in (fig_busbw, fig_latency)] \
+                    if views[bench].collective_rows else []
+            for f in own:
+                if f:
+                    f.benchmark = bench
+                    figs[f.name] = f
+        for fn in (fig_scaling, fig_inswitch):
+            f = fn(d, out_dir)
             if f:
-                f.benchmark = bench
                 figs[f.name] = f
-    for fn in (fig_scaling, fig_inswitch):
-        f = fn(d, out_dir)
-        if f:
-            figs[f.name] = f
+    for f in figs.values():
+        f.figure = f.figure or drawn.get(Path(f.path))
     return figs

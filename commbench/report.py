@@ -5,8 +5,9 @@ import json
 import os
 import sys
 
+from .analysis import presenters
 from .units import fmt_size
-from .viewkit import table
+from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
 
 
 def stdout_is_tty() -> bool:
@@ -16,6 +17,16 @@ def stdout_is_tty() -> bool:
     return forced == "1" if forced in ("0", "1") else sys.stdout.isatty()
 
 
+# `--wide` (run, report): every column of every table. The default leaves out the
+# secondary columns (viewkit.WIDE), and more (viewkit.COMPACT) where a table would not fit.
+_WIDE = False
+
+
+def set_wide(on: bool) -> None:
+    global _WIDE
+    _WIDE = bool(on)
+
+
 def _console():
     from rich.console import Console
 
@@ -23,14 +34,15 @@ def _console():
     return Console(force_terminal=tty, no_color=not tty, width=240 if not tty else None, highlight=False)
 
 
-def print_tables(rows, console=None) -> None:
+def print_tables(rows, console=None, wide: bool | None = None) -> None:
     """Each benchmark's tables (Benchmark.tables); by default one table per benchmark:
-    size, p50, p99, algbw, busbw, check."""
+    size, p50, p99, algbw, busbw, check. No table cuts a number (viewkit.print_table)."""
     from .benchmarks.base import for_rows
 
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
     console = console or _console()
+    wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     by_bench: dict[str, list] = {}
     for r in rows:
@@ -39,46 +51,67 @@ def print_tables(rows, console=None) -> None:
         b = for_rows(bench)
         own = b.tables(rs, plain)
         for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
-            console.print(t)
+            print_table(console, t, wide)
+
+
+def _varies(rs, key, within: str | None = None) -> bool:
+    """Does `key` take several values among the rows (within one value of `within`: the
+    placement of all_reduce rows against send_recv's says nothing)?"""
+    groups: dict = {}
+    for r in rs:
+        groups.setdefault(text(r.get(within)) if within else "", set()).add(text(r.get(key)))
+    return any(len(v) > 1 for v in groups.values())
 
 
 def collective_table(bench: str, b, rs: list[dict], plain: bool):
-    """The generic table of one benchmark's rows."""
+    """The generic table of one benchmark's rows. The point's identity (world, size, and
+    run, variant, placement, dtype, params, stage where they vary), p50, busbw and the
+    check always; p99, algbw, host time and % of the line rate while the table fits; the
+    rest (iters, bound, ceiling, % achieved, a dtype that never changes) with --wide."""
+    rs = sorted(rs, key=lambda r: (text(r.get("run")), text(r.get("variant")), text(r.get("placement")),
+                                  text(r.get("dtype")), params_order(r.get("params"), b.params), text(r.get("stage")),
+                                  int(r["world"]), int(r["nbytes"])))
     show_params = len({b.describe(r.get("params") or {}) for r in rs}) > 1
     show_stage = any(r.get("stage") for r in rs)
-    show_run = len({r.get("run") for r in rs}) > 1
+    show_run = _varies(rs, "run")
+    show_variant = _varies(rs, "variant")
     show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
-    show_place = len({r.get("placement") for r in rs}) > 1 or any(r.get("placement") == "in-place" for r in rs)
+    show_place = _varies(rs, "placement") or any(r.get("placement") == "in-place" for r in rs)
     # GPU rows: the device time per operation (p50) and, beside it, what the host paid to
     # enqueue one -- what an eager small-message workload pays.
     show_host = any(_has(r.get("host_us_per_op")) for r in rs)
+    sized = any(float(r.get("nbytes") or 0) > 0 for r in rs)
     note = b.formula or ("" if b.sized else "latency only")
     sample = next((r.get("sample") for r in rs if r.get("sample")), None)
+    dtypes = sorted({text(r.get("dtype")) for r in rs})
     t = table(f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
               f"{note}; time = slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+              + ("" if len(dtypes) > 1 else f"; dtype {dtypes[0]}")
               + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
               + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
-    cols = (["run"] if show_run else []) + ["world", "size (B)", "dtype"] + (["placement"] if show_place else []) \
-        + (["params"] if show_params else []) \
-        + (["stage"] if show_stage else []) + ["iters", "p50 (us)", "p99 (us)"] + (["host (us/op)"] if show_host else []) \
-        + ["algbw (GB/s)", "busbw (GB/s)"] \
-        + (["bound (us)", "ceiling (GB/s)", "% line", "% achieved"] if show_ceiling else []) + ["check"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run", "dtype", "placement", "params", "stage", "check") else "right",
-                     no_wrap=c != "params")
+    cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True),
+            ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
+            ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
+            ("stage", True, ALWAYS, show_stage), ("size (B)", False, ALWAYS, sized),
+            ("iters", False, WIDE, True), ("p50 (us)", False, ALWAYS, True), ("p99 (us)", False, COMPACT, True),
+            ("host (us/op)", False, COMPACT, show_host), ("algbw (GB/s)", False, COMPACT, sized),
+            ("busbw (GB/s)", False, ALWAYS, sized), ("bound (us)", False, WIDE, show_ceiling),
+            ("ceiling (GB/s)", False, WIDE, show_ceiling and sized), ("% line", False, COMPACT, show_ceiling and sized),
+            ("% achieved", False, WIDE, show_ceiling and sized), ("check", True, ALWAYS, True)]
+    cols = [c for c in cols if c[3]]
+    for name, left, level, _ in cols:
+        add_column(t, name, left, level, wrap=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
     for r in rs:
-        cells = ([str(r.get("run"))] if show_run else []) + [str(r["world"]), fmt_size(int(r["nbytes"])), r["dtype"]]
-        cells += [str(r.get("placement") or "-")] if show_place else []
-        cells += [b.describe(r.get("params") or {})] if show_params else []
-        cells += [str(r.get("stage") or "")] if show_stage else []
-        cells += [str(r["iters"]), f"{r['time_us_p50']:.2f}", f"{r['time_us_p99']:.2f}"]
-        cells += [_num(r.get("host_us_per_op"), 2)] if show_host else []
-        cells += [f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
-        if show_ceiling:
-            cells += [_num(r.get("time_bound_us"), 2), _num(r.get("ceiling_gbps"), 1),
-                      _num(r.get("pct_of_ceiling"), 1), _num(r.get("pct_of_achieved"), 1)]
-        cells += [str(r["check"])]
-        t.add_row(*cells)
+        cell = {"run": text(r.get("run")), "world": str(r["world"]), "variant": text(r.get("variant")) or "default",
+                "placement": text(r.get("placement")) or "-", "dtype": text(r.get("dtype")),
+                "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
+                "size (B)": fmt_size(int(r["nbytes"])), "iters": text(r.get("iters")),
+                "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": f"{r['time_us_p99']:.2f}",
+                "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
+                "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
+                "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
+                "% achieved": _num(r.get("pct_of_achieved"), 1), "check": text(r.get("check"))}
+        t.add_row(*[cell[name] for name, *_ in cols])
     return t
 
 
@@ -91,52 +124,122 @@ def _num(v, digits: int) -> str:
 
 
 def _ceiling_caption(rs) -> str:
-    r = next(r for r in rs if _has(r.get("time_bound_us")))
-    tiers = sorted({f"{x.get('tier')}: {x.get('bottleneck')}" for x in rs if _has(x.get("time_bound_us"))})
-    return (f"profile {r.get('profile')}; {', '.join(tiers)}; % of the link's line and typical achieved rate, "
-            f"comparing {r.get('compared_as')}; bound = the time at the line rate")
+    """The profile, the tier and link of each row, and what the % columns compare: the
+    rows' own `compared_as` (busbw, wire rate, per-tier bytes), or, for rows with no bytes
+    (a benchmark without sizes), that the bound is the profile's latency floor."""
+    judged = [r for r in rs if _has(r.get("time_bound_us"))]
+    tiers = sorted({f"{x.get('tier')}: {x.get('bottleneck')}" for x in judged})
+    compared = sorted({str(x["compared_as"]) for x in judged if has(x.get("compared_as"))})
+    lines = sorted({float(x["ceiling_gbps"]) for x in judged if _has(x.get("ceiling_gbps"))})
+    out = f"profile {judged[0].get('profile')}; {', '.join(tiers)}"
+    if lines:
+        out += "; line rate " + ", ".join(f"{v:.4g}" for v in lines) + " GB/s"
+    if compared:
+        out += (f"; % of the link's line and typical achieved rate, comparing {' / '.join(compared)}; "
+                "bound = the time at the line rate")
+    else:
+        out += "; bound = the profile's latency floor"
+    return out
 
 
-def analysis_tables(rows, console=None) -> None:
+def _scaling_rows(sc, wide: bool):
+    """The weak-scaling rows to show, in order: every size with --wide, else each sized
+    group at its largest size measured at several worlds (the size nearest the link's
+    rate; busbw at small sizes is latency, not bandwidth)."""
+    from .analysis import largest_size
+
+    shown = sc if wide else largest_size(sc)
+    views = presenters(shown)
+    return sorted(shown.to_dict("records"), key=lambda r: (
+        text(r.get("run")), r["benchmark"], text(r.get("variant")), text(r.get("placement")), text(r.get("dtype")),
+        views[r["benchmark"]].sized and -int(r["nbytes"]), params_order(r.get("params"), views[r["benchmark"]].params),
+        text(r.get("stage")),
+        int(r["world"])))
+
+
+METRIC_NAMES = {"busbw_gbps": "busbw GB/s", "tokens_per_s_per_rank": "tokens/s per rank"}
+
+
+def own_metrics_caption(sc) -> str:
+    """"; <benchmark>: <its metric>" for each benchmark whose scaling metric is its own
+    (Benchmark.scaling_metric), not busbw."""
+    own = sorted({(b, m) for b, m in zip(sc["benchmark"], sc["metric"]) if m != "busbw_gbps"})
+    return "".join(f"; {b}: {METRIC_NAMES.get(m, m)} (its own per-rank rate)" for b, m in own)
+
+
+def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     """Scaling efficiency over rank counts, and the alpha-beta fit over sizes."""
     import pandas as pd
 
-    from .analysis import fit_table, presenters, scaling_table
+    from .analysis import MIN_FIT_SIZES, fit_table, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
     if df.empty:
         return
     console = console or _console()
+    wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     sc = scaling_table(df)
     if not sc.empty:
-        t = table("weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
-                  "collectives: busbw; moe: tokens per second per rank (bytes per rank grow with n)", plain)
-        for c in ("benchmark", "stage", "size", "dtype", "params", "world", "metric", "value", "efficiency"):
-            t.add_column(c, justify="right" if c in ("size", "world", "value", "efficiency") else "left")
+        rs = _scaling_rows(sc, wide)
         views = presenters(sc)
-        for r in sc.to_dict("records"):
+        t = table("weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
+                  "collectives: busbw, " + ("at every size" if wide else
+                                             "at the largest size measured at several worlds (--wide: every size)")
+                  + own_metrics_caption(sc), plain)
+        cols = [("run", True, _varies(rs, "run")), ("benchmark", True, True),
+                ("variant", True, _varies(rs, "variant", "benchmark")),
+                ("placement", True, _varies(rs, "placement", "benchmark")),
+                ("stage", True, any(r.get("stage") for r in rs)),
+                ("size", False, any(views[r["benchmark"]].sized for r in rs)), ("dtype", True, _varies(rs, "dtype")),
+                ("params", True, any(not views[r["benchmark"]].sized or json.loads(r["params"]) for r in rs)),
+                ("world", False, True), ("metric", True, True), ("value", False, True), ("efficiency", False, True)]
+        cols = [c for c in cols if c[2]]
+        for name, left, _ in cols:
+            add_column(t, name, left, wrap=name == "params")
+        for r in rs:
             b = views[r["benchmark"]]
-            # An unsized benchmark's rows show their params (its point) in place of a size.
-            t.add_row(r["benchmark"], str(r.get("stage") or ""), fmt_size(int(r["nbytes"])) if b.sized else "",
-                      str(r["dtype"]), "" if b.sized else b.describe(json.loads(r["params"])), str(r["world"]),
-                      r["metric"], f"{r['value']:.4g}", f"{r['efficiency_pct']:.1f}%")
-        console.print(t)
-    ft = fit_table(df)
+            cell = {"run": text(r.get("run")), "benchmark": r["benchmark"], "variant": text(r.get("variant")),
+                    "placement": text(r.get("placement")), "stage": text(r.get("stage")),
+                    "size": fmt_size(int(r["nbytes"])) if b.sized else "", "dtype": text(r.get("dtype")),
+                    "params": b.describe(json.loads(r["params"])), "world": str(r["world"]),
+                    "metric": METRIC_NAMES.get(r["metric"], r["metric"]), "value": num(r["value"]),
+                    "efficiency": f"{r['efficiency_pct']:.1f}%"}
+            t.add_row(*[cell[c[0]] for c in cols])
+        print_table(console, t, wide)
+    thin: list[str] = []
+    ft = fit_table(df, thin=thin)
     if not ft.empty:
+        fr = ft.to_dict("records")
         t = table("alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
-                  "n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F", plain)
-        for c in ("benchmark", "world", "dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half",
-                  "rms err", "max err"):
-            t.add_column(c, justify="left" if c in ("benchmark", "dtype", "sizes") else "right")
-        for r in ft.to_dict("records"):
+                  f"n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F; sweeps of at least "
+                  f"{MIN_FIT_SIZES} sizes" + ("" if _varies(fr, "dtype") else f"; dtype {text(fr[0]['dtype'])}"), plain)
+        cols = [("run", True, ALWAYS, _varies(fr, "run")), ("benchmark", True, ALWAYS, True),
+                ("world", False, ALWAYS, True), ("variant", True, ALWAYS, _varies(fr, "variant", "benchmark")),
+                ("placement", True, ALWAYS, _varies(fr, "placement", "benchmark")),
+                ("dtype", True, ALWAYS if _varies(fr, "dtype") else WIDE, True),
+                ("stage", True, ALWAYS, any(r.get("stage") for r in fr)), ("sizes", True, ALWAYS, True),
+                ("alpha (us)", False, ALWAYS, True), ("B (GB/s)", False, ALWAYS, True),
+                ("busbw asym (GB/s)", False, ALWAYS, True), ("n_half", False, ALWAYS, True),
+                ("rms err", False, ALWAYS, True), ("max err", False, COMPACT, True)]
+        cols = [c for c in cols if c[3]]
+        for name, left, level, _ in cols:
+            add_column(t, name, left, level, in_caption=name == "dtype" and level == WIDE)
+        for r in fr:
             nh = r["n_half_nbytes"]
-            t.add_row(r["benchmark"], str(r["world"]), str(r["dtype"]),
-                      f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
-                      f"{r['alpha_us']:.3f}", _num(r["bandwidth_gbps"], 3), _num(r["busbw_asymptote_gbps"], 3),
-                      fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
-                      f"{r['rms_rel_err_pct']:.1f}%", f"{r['max_rel_err_pct']:.1f}%")
-        console.print(t)
+            cell = {"run": text(r.get("run")), "benchmark": r["benchmark"], "world": str(r["world"]),
+                    "variant": text(r.get("variant")) or "default", "placement": text(r.get("placement")) or "-",
+                    "dtype": text(r["dtype"]), "stage": text(r.get("stage")),
+                    "sizes": f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
+                    "alpha (us)": f"{r['alpha_us']:.3f}", "B (GB/s)": _num(r["bandwidth_gbps"], 3),
+                    "busbw asym (GB/s)": _num(r["busbw_asymptote_gbps"], 3),
+                    "n_half": fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
+                    "rms err": f"{r['rms_rel_err_pct']:.1f}%", "max err": f"{r['max_rel_err_pct']:.1f}%"}
+            t.add_row(*[cell[c[0]] for c in cols])
+        print_table(console, t, wide)
+    if thin:
+        console.print(f"no alpha-beta fit (fewer than {MIN_FIT_SIZES} sizes, where two parameters fit any two "
+                      f"points exactly): {'; '.join(thin)}", highlight=False, markup=False)
 
 
 def report_runs(paths, profile=None) -> None:
@@ -156,12 +259,7 @@ def report_runs(paths, profile=None) -> None:
     print_tables(df)
     analysis_tables(df)
     if "variant" in df and df["variant"].nunique() > 1:
-        skipped = {}
-        for p in paths:
-            for name, v in ((load_meta(p) or {}).get("variants") or {}).items():
-                if v.get("status") == "skipped":
-                    skipped[name] = v.get("reason")
-        variant_tables(df, None, skipped)
+        variant_tables(df, None, skipped_variants(load_meta(p) for p in paths))
 
 
 def rejudge(df, paths, profile):
@@ -188,59 +286,112 @@ def rejudge_rows(df, nodes: dict, profile):
     return pd.DataFrame(out)
 
 
-def variant_tables(df, baseline: str | None = None, skipped: dict | None = None, console=None) -> None:
-    """Side by side per collective, world and size: each variant's p50, algbw, busbw, wire
-    bandwidth (algbw*(n+1)/n for in-switch variants, else busbw) and % of the scale-up
-    ceiling; then each variant's speedup over the baseline and the size from which it wins."""
-    from .analysis import presenters
+def skipped_variants(metas) -> dict:
+    """{variant: why} of the variants the runs' meta.json say were skipped."""
+    out = {}
+    for meta in metas:
+        for name, v in ((meta or {}).get("variants") or {}).items():
+            if v.get("status") == "skipped":
+                out[name] = v.get("reason")
+    return out
+
+
+def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
+    """Side by side per collective, world, dtype and placement (and run): each variant's
+    p50, algbw, busbw, wire bandwidth (algbw*(n+1)/n for in-switch variants, else busbw),
+    % of the scale-up ceiling and speedup over the baseline; then per variant its best
+    speedup and the size from which it wins. One dict a group: title, caption, columns
+    [(header, level)] (the terminal's: one "busbw" per variant), headers (each named with
+    its variant), rows (text cells), lines (the verdict of each variant, text) and
+    verdicts [(variant, best speedup, its size, crossover size or None)]."""
     from .variants import crossover_nbytes, pick_baseline, wire_gbps
 
-    console = console or _console()
-    plain = not stdout_is_tty()
-    for name, why in (skipped or {}).items():
-        console.print(f"variant {name}: skipped: {why}")
     if df.empty or "variant" not in df:
-        return
+        return []
+    df = df.copy()
+    df["variant"] = df["variant"].map(text).replace("", "default")
     names = list(dict.fromkeys(df["variant"]))
     if len(names) < 2:
-        return
+        return []
     base = pick_baseline(names, baseline)
     views = presenters(df)
-    for (bench, world, dtype), g in df.groupby(["benchmark", "world", "dtype"], sort=False):
+    keys = [k for k in ("run", "benchmark", "world", "dtype", "placement") if k in df.columns]
+    for k in keys:
+        if k not in ("world",):
+            df[k] = df[k].map(text)
+    multi_run = "run" in keys and df["run"].nunique() > 1
+    out = []
+    for key, g in df.groupby(keys, sort=False):
+        k = dict(zip(keys, key))
+        bench, world = k["benchmark"], k["world"]
         if not (views[bench].sized and views[bench].collective_rows) or g["variant"].nunique() < 2:
             continue
         here = [n for n in names if n in set(g["variant"])]
-        t = table(f"{bench} world {world} {dtype}: variants side by side (baseline {base})",
-                  "wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw otherwise; "
-                  "% = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 over the baseline", plain)
-        t.add_column("size", justify="right")
+        inswitch = "inswitch" in g.columns and g["inswitch"].map(lambda v: has(v) and bool(v)).any()
+        where = " ".join(x for x in ((k.get("run") if multi_run else ""), k.get("placement", "")) if x)
+        cols = [("size", ALWAYS)]
         for n in here:
-            for c in ("p50 us", "algbw", "busbw", "wire", "%", "x"):
-                t.add_column(f"{n} {c}" if c == "p50 us" else c, justify="right")
+            cols += [(f"{n} p50 us", ALWAYS), ("algbw", WIDE), ("busbw", COMPACT),
+                     ("wire", COMPACT if inswitch else WIDE), ("%", COMPACT), ("x", ALWAYS)]
         speed = {n: [] for n in here}
-        sizes = sorted(set(g["nbytes"]))
-        for s in sizes:
-            cells = [fmt_size(int(s))]
-            at = {r["variant"]: r for r in g[g["nbytes"] == s].to_dict("records")}
+        rows = []
+        for s_ in sorted(set(g["nbytes"])):
+            cells = [fmt_size(int(s_))]
+            at = {r["variant"]: r for r in g[g["nbytes"] == s_].to_dict("records")}
             b = at.get(base)
             for n in here:
                 r = at.get(n)
                 if r is None:
                     cells += ["-"] * 6
                     continue
-                wire = wire_gbps(r["algbw_gbps"], int(world), bool(r.get("inswitch")), r["busbw_gbps"])
+                wire = wire_gbps(r["algbw_gbps"], int(world), has(r.get("inswitch")) and bool(r.get("inswitch")),
+                                 r["busbw_gbps"])
                 x = b["time_us_p50"] / r["time_us_p50"] if b is not None and r["time_us_p50"] > 0 else None
                 if x is not None:
-                    speed[n].append((s, x))
+                    speed[n].append((s_, x))
                 cells += [f"{r['time_us_p50']:.2f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
                           f"{wire:.3f}", _num(r.get("pct_of_ceiling"), 1), f"{x:.2f}" if x is not None else "-"]
-            t.add_row(*cells)
-        console.print(t)
+            rows.append(cells)
+        lines, verdicts = [], []
         for n in here:
             if n == base or not speed[n]:
                 continue
-            cross = crossover_nbytes([s for s, _ in speed[n]], [x for _, x in speed[n]])
+            cross = crossover_nbytes([s_ for s_, _ in speed[n]], [x for _, x in speed[n]])
             best = max(speed[n], key=lambda p: p[1])
-            console.print(f"  {bench} w{world}: {n} vs {base}: best {best[1]:.2f}x at {fmt_size(int(best[0]))}; "
-                          + (f"faster from {fmt_size(int(cross))} up" if cross is not None else "never faster at the "
-                             "largest sizes"))
+            verdicts.append((n, best[1], int(best[0]), None if cross is None else int(cross)))
+            lines.append(f"{bench} w{world}{(' ' + where) if where else ''}: {n} vs {base}: best {best[1]:.2f}x at "
+                         f"{fmt_size(int(best[0]))}; " + (f"faster from {fmt_size(int(cross))} up" if cross is not None
+                                                          else "never faster at the largest sizes"))
+        full = ["size"] + [h if i % 6 == 0 else f"{here[i // 6]} {h}" for i, (h, _) in enumerate(cols[1:])]
+        out.append({"headers": full,
+                    "title": f"{bench} world {world} {k.get('dtype', '')}{(' ' + where) if where else ''}: "
+                             f"variants side by side (baseline {base})",
+                    "caption": "wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw "
+                               "otherwise; % = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 "
+                               "over the baseline",
+                    "benchmark": bench, "world": int(world), "baseline": base, "columns": cols, "rows": rows,
+                    "lines": lines, "verdicts": verdicts})
+    return out
+
+
+def variant_tables(df, baseline: str | None = None, skipped: dict | None = None, console=None,
+                   wide: bool | None = None) -> None:
+    """The skipped variants, then variant_comparisons as tables, each followed by its
+    variants' verdicts."""
+    console = console or _console()
+    wide = _WIDE if wide is None else wide
+    plain = not stdout_is_tty()
+    for name, why in (skipped or {}).items():
+        console.print(f"variant {name}: skipped: {why}", highlight=False, markup=False)
+    for c in variant_comparisons(df, baseline):
+        t = table(c["title"], c["caption"], plain)
+        for h, level in c["columns"]:
+            if h not in getattr(t, "levels", {}):
+                add_column(t, h, level=level)
+            else:  # one column per variant under the same header: rich keeps each
+                t.add_column(h, justify="right", no_wrap=True)
+        for r in c["rows"]:
+            t.add_row(*r)
+        print_table(console, t, wide)
+        for line in c["lines"]:
+            console.print(f"  {line}", highlight=False, markup=False)

@@ -45,7 +45,8 @@ ROW_SCHEMA: dict[str, str] = {
     "iters": "timed iterations",
     "warmup": "untimed iterations before them",
     "timing": "back_to_back (nccl-tests) or barrier (OSU); imported for imports",
-    "clock": "what took the time: host_clock, host_clock_compiled_loop, cuda_event, cuda_graph, ...",
+    "clock": "what took the time: host_clock, host_clock_compiled_loop, cuda_event, cuda_event_held, cuda_graph, "
+             "jax_compiled_loop; imports: host_clock_loop_mean or cpu_time (nccl-tests), host_clock (OSU)",
     "time_us_min": "fastest sample, us",
     "time_us_p50": "median sample, us (the slowest rank per iteration)",
     "time_us_mean": "mean sample, us",

@@ -29,7 +29,20 @@ def describe(point) -> str:
 
 
 def describe_row(row: dict) -> str:
-    return f"{row['benchmark']} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} world {row.get('world')}"
+    """A row in a warning line: with its params, so rows of one size (overlap's modes, MoE's
+    routings) are told apart."""
+    params = row.get("params") or {}
+    if isinstance(params, str):
+        import json
+
+        try:
+            params = json.loads(params)
+        except ValueError:
+            params = {}
+    extra = "".join(f" {k}={v}" for k, v in params.items()) if isinstance(params, dict) else ""
+    stage = f" {row['stage']}" if row.get("stage") else ""
+    return (f"{row['benchmark']}{stage} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} "
+            f"world {row.get('world')}{extra}")
 
 
 def clock_name(cuda_graph: bool, comm, op) -> str:
@@ -175,27 +188,60 @@ class Harness:
 
 
 class Progress:
-    """Rank 0's progress: a rich bar on a terminal, one plain line per point otherwise."""
+    """Rank 0's progress: a rich bar on a terminal, one plain line per point otherwise.
 
-    def __init__(self, total: int, enabled: bool):
+    The bar's time left weighs each point by its planned time (plan.point_seconds), not
+    by count: a sweep's last, largest points take most of its time, and a per-point rate
+    would promise an end long before it comes. Under mpirun rank 0's stdout is a pipe to
+    mpirun (or a pseudo-terminal of mpirun's) even when the user sits at a terminal, and
+    mpirun passes output on a line at a time: the bar is drawn on the launcher's terminal device
+    (COMMBENCH_TTY_PATH) instead, or it would show only at the end."""
+
+    def __init__(self, todo: list, enabled: bool, cfg=None):
+        from .plan import point_seconds
+
         self.enabled = enabled
         self.tty = enabled and stdout_is_tty()
-        self.total, self.done = total, 0
+        self.total, self.done = len(todo), 0
+        self.weight = {id(p): point_seconds(cfg, p) if cfg is not None else 1.0 for p in todo}
+        # Parameters named in a point's line: only those that vary within its benchmark.
+        self.varying = {}
+        for p in todo:
+            for k, v in p.params.items():
+                self.varying.setdefault(p.benchmark, {}).setdefault(k, set()).add(repr(v))
         if self.tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            self.bar = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self.task = self.bar.add_task("sweep", total=total)
+            self._tty_file = None
+            path = os.environ.get("COMMBENCH_TTY_PATH")
+            if path and path != _ttyname(sys.stdout):  # mpirun's own pseudo-terminal is not the user's
+                try:
+                    self._tty_file = open(path, "w", buffering=1)
+                except OSError:
+                    pass
+            console = Console(file=self._tty_file, force_terminal=True, highlight=False)
+            self.bar = RP(TextColumn("{task.description}"), BarColumn(),
+                          TextColumn("{task.fields[points]}"), TimeElapsedColumn(), TextColumn("left"),
+                          TimeRemainingColumn(), console=console, refresh_per_second=4)
+            self.task = self.bar.add_task("sweep", total=sum(self.weight.values()) or 1.0,
+                                          points=f"0/{self.total}")
             self.bar.start()
+
+    def label(self, point) -> str:
+        vary = self.varying.get(point.benchmark, {})
+        params = " ".join(f"{k}={v}" for k, v in point.params.items() if len(vary.get(k, ())) > 1)
+        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes), point.dtype, params)
+                        if x)
 
     def update(self, point, rows):
         self.done += 1
         if not self.enabled:
             return
-        desc = f"{point.benchmark} w{point.world} " + (
-            " ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else f"{point.dtype} {point.nbytes}B")
+        desc = self.label(point)
         if self.tty:
-            self.bar.update(self.task, advance=1, description=desc)
+            self.bar.update(self.task, advance=self.weight.get(id(point), 1.0), description=desc,
+                            points=f"{self.done}/{self.total}")
         else:
             figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us busbw {r['busbw_gbps']:.3f} GB/s"
                              for r in rows)
@@ -204,6 +250,16 @@ class Progress:
     def close(self):
         if self.tty:
             self.bar.stop()
+            if self._tty_file is not None:
+                self._tty_file.close()
+                self._tty_file = None
+
+
+def _ttyname(f) -> str | None:
+    try:
+        return os.ttyname(f.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
@@ -394,6 +450,10 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                          "device": backend.device, "world": world.size, "launcher": launch.detect().launcher,
                          "hosts": ctx.hosts,
                          "nodes": ctx.nodes, "ranks_per_node": ranks_per_node,
+                         "node_grouping": "ranks_per_node" if ranks_per_node else "hostname",
+                         "rendezvous": {k.lower(): os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT",
+                                                                          "GLOO_SOCKET_IFNAME")
+                                        if ctx.backend_name in ("gloo", "nccl") and os.environ.get(k)},
                          "gpus": backend.gpu_names(), "points": len(points), "ceilings": ctx.prof_meta,
                          "profile_overrides": profile_overrides or {}})
             meta["versions"].update(backend.versions())
@@ -427,10 +487,11 @@ def sweep(ctx: RunContext) -> list[dict]:
     and appends it as soon as the point is done. A failure keeps the finished rows and marks
     the run before it ends the process."""
     harness = Harness(ctx.cfg, ctx.guard, ctx.variant)
-    progress = Progress(len(ctx.todo), ctx.is_root)
+    progress = Progress(ctx.todo, ctx.is_root, ctx.cfg)
     rows: list[dict] = []
     try:
         for w in sorted({p.world for p in ctx.todo}):
+            ctx.guard.members = w
             ctx.guard.arm(f"creating the world-{w} communicator")
             comm = ctx.backend.split(w)
             if comm is not None:
@@ -445,7 +506,9 @@ def sweep(ctx: RunContext) -> list[dict]:
                         rows.extend(point_rows)
                         progress.update(point, point_rows)
             # Ranks outside world w wait here for the others, as long as the sweep takes.
-            ctx.guard.disarm()
+            ctx.guard.idle(f"waiting for ranks 0-{w - 1} to finish world {w}" if comm is None
+                           else f"world {w} done, waiting for the other ranks")
+            ctx.guard.members = ctx.world.size
             ctx.world.idle_barrier()
     except BaseException as e:  # keep finished rows, mark the run, then let it end the process
         fail(ctx, e, harness.where or "start-up", progress)

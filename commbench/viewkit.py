@@ -43,23 +43,182 @@ def fmt(v, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else "-"
 
 
+def num(v, sig: int = 4, most: int = 3) -> str:
+    """One number format for a column whose values span decades: fixed point, `sig`
+    significant digits but never more than `most` decimals, never an exponent ("11440",
+    "2994", "29.94", "0.124"); "-" for a missing or non-finite value."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(x):
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.{min(most, max(0, sig - 1 - math.floor(math.log10(abs(x)))))}f}"
+
+
 def table(title: str, caption: str, plain: bool):
     """A rich Table in the report's style; plain: ASCII borders (a file or a pipe). Title
-    and caption are plain text: rich would take "[mpi/cpu]" for markup and drop it."""
+    and caption are plain text: rich would take "[mpi/cpu]" for markup and drop it.
+    Columns added with add_column carry a level that print_table reads."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    return Table(title=escape(title), caption=escape(caption) if caption else None,
-                 box=box.ASCII if plain else box.SIMPLE_HEAD)
+    t = Table(title=escape(title), caption=escape(caption) if caption else None,
+              box=box.ASCII if plain else box.SIMPLE_HEAD)
+    t.levels = {}
+    return t
+
+
+# Column levels of a terminal table: ALWAYS columns are the point's identity and its headline
+# figures; COMPACT ones are shown by default while the table fits the console; WIDE ones
+# only with --wide (their values are in the caption, constant, or secondary).
+ALWAYS, COMPACT, WIDE = 0, 1, 2
+
+
+def add_column(t, header: str, left: bool = False, level: int = ALWAYS, wrap: bool = False,
+               in_caption: bool = False) -> None:
+    """A column of t. Only text made of words (a shape, a list of stages) may wrap: a
+    number or a header is never wrapped, and print_table never lets rich cut one.
+    in_caption: the caption already gives its one value (a dtype that never changes), so
+    leaving it out goes unsaid."""
+    t.add_column(header, justify="left" if left else "right", no_wrap=not wrap)
+    if not hasattr(t, "levels"):
+        t.levels = {}
+    t.levels[header] = level
+    if in_caption:
+        t.said = getattr(t, "said", set()) | {header}
+
+
+def _drop_column(t, header: str) -> None:
+    t.columns[:] = [c for c in t.columns if c.header != header]
+    for i, c in enumerate(t.columns):
+        c._index = i
+
+
+def _cuts(t, width: int) -> bool:
+    """Would rich cut a cell of t (an ellipsis) on a console `width` wide? Rendered, not
+    estimated: rich's own layout decides which columns it squeezes."""
+    import io
+
+    from rich.console import Console
+
+    c = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, legacy_windows=False)
+    c.print(t)
+    return "\u2026" in c.file.getvalue()
+
+
+def print_table(console, t, wide: bool = False) -> list[str]:
+    """Print t on console without cutting a number or a header. wide: every column. Else
+    the WIDE columns are left out, then COMPACT ones from the last while rich would still
+    cut a cell at the console's width; the caption names what was left out. A table that
+    still does not fit is printed at its natural width (the terminal folds the long lines:
+    nothing is lost). Returns the headers left out."""
+    from rich.measure import Measurement
+    from rich.segment import Segments
+
+    levels = getattr(t, "levels", {})
+    hidden = []
+    if not wide:
+        for h, lv in levels.items():
+            if lv >= WIDE:
+                _drop_column(t, h)
+                hidden.append(h)
+        for h in reversed([h for h, lv in levels.items() if lv == COMPACT]):
+            if not _cuts(t, console.width):
+                break
+            _drop_column(t, h)
+            hidden.append(h)
+    said = getattr(t, "said", set())
+    if any(h not in said for h in hidden):
+        shown = [h for h in levels if h in hidden and h not in said]
+        t.caption = (f"{t.caption}; " if t.caption else "") + f"not shown: {', '.join(shown)} (--wide shows them)"
+    natural = Measurement.get(console, console.options.update_width(100_000), t).maximum
+    fits = not _cuts(t, console.width)
+    width = min(natural, console.width) if fits else natural
+    # rich wraps a title or caption to the table's width: over a narrow table, a few words a
+    # line. One longer than the table goes above / below it at the console's width.
+    title = caption = None
+    if t.title and len(str(t.title)) > width:
+        title, t.title = t.title, None
+    if t.caption and len(str(t.caption)) > width:
+        caption, t.caption = t.caption, None
+    if title:
+        console.print(title, style="table.title")
+    if fits:
+        console.print(t)
+    else:
+        console.print(Segments(console.render(t, console.options.update_width(natural))), crop=False)
+    if caption:
+        console.print(caption, style="table.caption")
+    return hidden
+
+
+@dataclass
+class Finding:
+    """One line of a report's summary: what was measured, where, the figure, and one line
+    of judgement."""
+    topic: str  # a benchmark, or an aspect across them ("scaling", "variants", "checks")
+    measure: str  # "peak busbw (n=8)", "dispatch (n=16)", ...
+    value: str
+    verdict: str = ""
 
 
 class Section:
-    """One part of report.md / report.html: a heading, a note, a table, its figures."""
+    """One part of report.md / report.html: a heading, a note, a table, its figures, and
+    the findings it adds to the summary at the top. fold: the table goes in a <details>
+    block (raw rows come after the answer, a click away); bullets: lines under the note."""
 
-    def __init__(self, title: str, note: str = "", headers=None, rows=None, figures=(), level: int = 2):
+    def __init__(self, title: str, note: str = "", headers=None, rows=None, figures=(), level: int = 2,
+                 findings=(), fold: bool = True, bullets=()):
         self.title, self.note, self.headers, self.rows = title, note, headers or [], rows or []
-        self.figures, self.level = list(figures), level
+        self.figures, self.level, self.findings, self.fold = list(figures), level, list(findings), fold
+        self.bullets = list(bullets)  # lines under the note (verdicts, skipped variants)
+
+
+# ---------------------------------------------------------------------------------------
+# judgements: one line a summary finding ends with
+
+def judge_ceiling(pct) -> str:
+    """A rate as a share of its link's line rate, in words."""
+    if not has(pct) or fmt(pct) == "-":
+        return "no ceiling to judge against (report --profile NAME sets one)"
+    p = float(pct)
+    if p >= 80:
+        return "at the link's rate: the link is the limit"
+    if p >= 50:
+        return "good: within 2x of the link's rate"
+    if p >= 20:
+        return "well below the link's rate"
+    return "far below the link's rate: per-operation overhead decides"
+
+
+def judge_efficiency(pct: float) -> str:
+    """A weak-scaling efficiency, in words."""
+    if pct >= 90:
+        return "scales: per-rank throughput holds"
+    if pct >= 70:
+        return "some loss per rank as ranks are added"
+    return "per-rank throughput drops as ranks are added"
+
+
+def judge_latency(p50: float, floor) -> str:
+    """Small-message latency against the profile's latency floor (one message between two
+    ranks), in words."""
+    if not has(floor) or not float(floor) > 0:
+        return "no latency floor in the profile to judge against"
+    x = p50 / float(floor)
+    if x < 0.8:
+        # The floor is one library's two-rank exchange (loopback: MPI's); another backend's
+        # path can beat it.
+        return f"{x:.1f}x the latency floor: below it, the floor was measured on another path"
+    if x <= 2:
+        return f"{x:.1f}x the latency floor: what the link allows"
+    if x <= 5:
+        return f"{x:.1f}x the latency floor: a few steps, or overhead per call"
+    return f"{x:.0f}x the latency floor: per-call overhead dominates"
 
 
 def varying_params(values) -> list[str]:
@@ -69,6 +228,17 @@ def varying_params(values) -> list[str]:
     dicts = [params_dict(v) for v in values]
     names = sorted({k for p in dicts for k in p})
     return [k for k in names if len({json.dumps(p[k], sort_keys=True) for p in dicts if k in p}) > 1]
+
+
+def params_order(params, declared=()) -> tuple:
+    """A sort key of a point's params (a dict or canonical JSON): the values of the
+    `declared` names first, in that order (a benchmark's Benchmark.params: routing before
+    its skew), then the rest by name; numbers by value (alpha 0.5 before 1.0 before 10),
+    text by name."""
+    p = params_dict(params)
+    keys = [k for k in declared if k in p] + sorted(k for k in p if k not in declared)
+    return tuple((0, float(p[k]), "") if isinstance(p[k], (int, float)) and not isinstance(p[k], bool)
+                 else (1, 0.0, str(p[k])) for k in keys)
 
 
 # ---------------------------------------------------------------------------------------
@@ -83,6 +253,7 @@ class FigureInfo:
     caption: str = ""
     series: list = field(default_factory=list)
     benchmark: str = ""  # whose figure it is ("" for one across benchmarks): its report section
+    figure: object = None  # the matplotlib Figure drawn (plots.make_figures fills it in)
 
 
 def new_figure(nrows=1, ncols=1, w=8.0, h=4.8, sharex=False):
@@ -94,6 +265,23 @@ def new_figure(nrows=1, ncols=1, w=8.0, h=4.8, sharex=False):
     return fig, axes
 
 
+# While `capturing()` is active, save_figure keeps each Figure it writes (path -> Figure),
+# so the caller can hand the matplotlib objects on (plots.make_figures puts them in
+# FigureInfo.figure) whatever hook drew them.
+_captured: list[dict] = []
+
+
+class capturing:
+    """with capturing() as drawn: ... -> drawn: {path: Figure} of every figure saved inside."""
+
+    def __enter__(self) -> dict:
+        _captured.append({})
+        return _captured[-1]
+
+    def __exit__(self, *exc) -> None:
+        _captured.pop()
+
+
 def save_figure(fig, out_dir: Path, name: str) -> Path:
     """Write out_dir/<name>.png."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -101,7 +289,30 @@ def save_figure(fig, out_dir: Path, name: str) -> Path:
     FigureCanvasAgg(fig)
     path = Path(out_dir) / f"{name}.png"
     fig.savefig(path, format="png", dpi=DPI)
+    if _captured:
+        _captured[-1][path] = fig
     return path
+
+
+def size_ticks(ax, sizes, most: int = 12) -> None:
+    """Tick every plotted size (a 25M bucket is no power of two: a log2 locator skips it)
+    when there are at most `most` of them; otherwise size_axis's powers of two."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    vals = sorted({float(v) for v in sizes if float(v) > 0})
+    if not vals or len(vals) > most:
+        return
+    ax.xaxis.set_major_locator(FixedLocator(vals))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_size(round(x)) if x >= 1 else ""))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def legend_beside(ax, fontsize: int = 8) -> None:
+    """The legend right of the plotting area, so it never hides a line (the constrained
+    layout narrows the axes to make room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def size_axis(ax, label="message size S (bytes, log2)"):

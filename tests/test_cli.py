@@ -58,7 +58,7 @@ BAD = [
     (["run", "quick", "--np", "2", "--dtypes", "bfloat16", "--backend", "mpi"], "not supported"),
     (["run", "quick", "--iters", "x"], "invalid int"),
     (["run", "quick", "--param", "nokey"], "KEY=VALUE"),
-    (["run", "--np", "2"], "no benchmarks"),
+    (["run", "--np", "2"], "run needs a suite"),
     (["frobnicate"], "invalid choice"),
 ]
 

@@ -1,4 +1,5 @@
-"""commbench.compare: point-by-point verdicts between two runs, from summary statistics."""
+"""commbench.compare: point-by-point verdicts between two runs, from summary statistics
+(repeated runs a side: tests/test_compare_runs.py)."""
 from __future__ import annotations
 
 import io
@@ -117,11 +118,14 @@ def test_median_interval_is_distribution_free_and_ignores_outliers():
     assert (hi - lo) / 2 == pytest.approx(1.959964 * 0.2 / 0.4 / (2 * 20))
 
 
-def test_repeated_runs_on_one_side_are_merged():
+def test_repeated_runs_on_one_side_are_judged_between_runs():
+    # Two base runs, one new: the base side's run-to-run spread stands for both sides.
     base = pd.concat([_run(run="a1"), _run(1.01, run="a2")], ignore_index=True)
     df = compare_runs(base, _run(1.2, run="b"))
     assert len(df) == 3 and set(df["verdict"]) == {"slower"}
-    assert set(df["base_run"]) == {"a1,a2"}
+    assert set(df["base_run"]) == {"a1,a2"} and set(df["base_runs"]) == {2} and set(df["new_runs"]) == {1}
+    assert all(b.startswith("between runs") and "base side's spread" in b for b in df["basis"])
+    assert (df["caveat"] == "").all() and (df["change_lo_pct"] > 0).all()
 
 
 def test_print_compare_renders():
@@ -132,6 +136,7 @@ def test_print_compare_renders():
     print_compare(df, console=Console(file=buf, width=200, no_color=True), threshold_pct=5)
     out = buf.getvalue()
     assert "2 slower" in out and "+20.0%" in out and "only in" in out and "4M" in out and "1M" in out
+    assert "cannot separate noise from change" in out  # one run a side: the summary says so
 
 
 def _write(tmp_path, name, df):

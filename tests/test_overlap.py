@@ -19,8 +19,8 @@ import pytest
 from commbench.backends.base import Comm, Handle
 from commbench.benchmarks.base import Point
 from commbench.compute import Compute, Gemm, calibrate_gemm, gemm_flops
-from commbench.benchmarks.overlap import (Overlap, OverlapCore,
-                                          make_schedule, overlap_fields, overlap_imb_pct, overlap_osu_pct)
+from commbench.benchmarks.overlap import (Overlap, OverlapCore, make_schedule, overlap_fields, overlap_imb_pct,
+                                          overlap_osu_pct, row_warnings)
 from commbench.runner import Harness
 from commbench.suite import SuiteConfig, build_config, expand, read_suite
 from conftest import needs_mpi, needs_torch, run_cli
@@ -185,25 +185,37 @@ class SleepCompute(Compute):
         self.chunks = [lambda s=seconds / nchunks: time.sleep(s)] * nchunks
 
 
-class FakeOverlap(Overlap):
-    """The real benchmark with the matmul replaced: compute_s(n) seconds for gemm n."""
+class LoadedSleepCompute(SleepCompute):
+    """A SleepCompute on a host with other load: each chunk sleeps speed["factor"] times
+    its share, read when it runs (the load can change between a compute's runs)."""
 
-    def __init__(self, compute_s):
-        self.compute_s = compute_s
+    def __init__(self, n: int, nchunks: int, seconds: float, speed: dict):
+        super().__init__(n, nchunks, seconds)
+        self.chunks = [lambda s=seconds / nchunks: time.sleep(speed["factor"] * s)] * nchunks
+
+
+class FakeOverlap(Overlap):
+    """The real benchmark with the matmul replaced: compute_s(n) seconds for gemm n (times
+    speed["factor"] at run time, when a speed is given)."""
+
+    def __init__(self, compute_s, speed=None):
+        self.compute_s, self.speed = compute_s, speed
 
     def make_compute(self, b, n):
+        if self.speed is not None:
+            return LoadedSleepCompute(n, b.schedule.nchunks, self.compute_s(n), self.speed)
         return SleepCompute(n, b.schedule.nchunks, self.compute_s(n))
 
 
 def measure_fake(comm, mode="single", polls=0, progress="none", buckets=4, gemm=64, compute_s=lambda n: C,
-                 iters=8, nbytes=4096):
-    bench = FakeOverlap(compute_s)
+                 iters=8, nbytes=4096, harness_cls=Harness, speed=None):
+    bench = FakeOverlap(compute_s, speed)
     params = {k: v.default for k, v in Overlap.params.items()}
     params.update(mode=mode, polls=polls, progress=progress, buckets=buckets, gemm=gemm, compute="numpy")
     params = bench.canonical_params(params)
     point = Point("overlap", 1, "float32", nbytes, params)
     bench.validate(point)
-    harness = Harness(SuiteConfig(name="t", benchmarks=("overlap",), iters=iters, warmup=1, check=True))
+    harness = harness_cls(SuiteConfig(name="t", benchmarks=("overlap",), iters=iters, warmup=1, check=True))
     b = bench.setup(comm, point)
     bench.fill(comm, b)
     bench.op(comm, b)()
@@ -280,6 +292,91 @@ def test_calibration_matches_compute_to_comm():
     assert row["gemm_calibrated"] is True
     assert row["t_compute_us"] == pytest.approx(row["t_comm_us"], rel=0.2)
     assert 170 <= row["gemm_n"] <= 230
+
+
+def _load_changes_at(stage: str, factor: float):
+    """A harness on a host whose other load changes when `stage`'s timed loop starts: until
+    then the compute runs `factor` times slower (speed["factor"]), from then on at its own
+    pace. The harness arms "<stage> warm-up" as it enters a stage."""
+    speed = {"factor": factor}
+
+    class LoadChanges(Harness):
+        def arm(self, phase, budget_s=0.0):
+            if phase.startswith(stage):
+                speed["factor"] = 1.0
+            super().arm(phase, budget_s)
+    return LoadChanges, speed
+
+
+def test_a_calibration_that_saw_a_slower_host_is_redone_from_the_timed_loop():
+    """The calibration sees the compute 3x slower than the timed loop then does (other load
+    on the cores until the compute stage starts): it sizes n for 20 ms at 3x, which runs in
+    6.7 ms, a 3x miss. The benchmark sizes it again from the timed loop's p50 (n x 3^(1/3))
+    and lands on ~20 ms, and the row says it took one more try and carries no warning."""
+    LoadChanges, speed = _load_changes_at("compute", 3.0)
+    row, _ = measure_fake(FakeComm("async"), gemm=0, compute_s=lambda n: C * (n / 200) ** 3, iters=5,
+                          harness_cls=LoadChanges, speed=speed)
+    assert row["gemm_recalibrations"] == 1
+    assert row["t_compute_us"] == pytest.approx(row["t_comm_us"], rel=0.2)
+    assert 170 <= row["gemm_n"] <= 230
+    assert "calibration missed" not in (row.get("warning") or "")
+
+
+def test_a_calibration_that_cannot_reach_its_target_warns():
+    # Even the largest CPU multiply (n = 4096) takes 1e-6 x (4096/200)^3 x 20 ms = 0.17 ms here,
+    # against a 20 ms all_reduce: the row must say so rather than report its overlap plainly.
+    row, _ = measure_fake(FakeComm("async"), gemm=0, compute_s=lambda n: 1e-6 * C * (n / 200) ** 3, iters=3)
+    assert row["gemm_n"] == 4096
+    assert "calibration missed" in row["warning"] and "largest" in row["warning"]
+
+
+def test_a_compute_faster_beside_the_all_reduce_is_flagged_and_shown():
+    """Compute 2x slower until the overlapped loop starts (the compute stage saw load the
+    overlapped run did not): slowdown ~0.5x, which no real overlap can give; the warning
+    reaches the row and the terminal table."""
+    from rich.console import Console
+
+    LoadChanges, speed = _load_changes_at("overall", 2.0)
+    row, _ = measure_fake(FakeComm("async"), iters=4, harness_cls=LoadChanges, speed=speed)
+    assert row["compute_slowdown"] == pytest.approx(0.5, abs=0.15)
+    assert "compute slowdown" in row["warning"]
+    row.update(world=1, nbytes=4096, backend="fake", device="cpu", check="ok")
+    console = Console(file=io.StringIO(), width=400)
+    console.print(*Overlap().tables([row], plain=True))
+    assert "faster beside the" in console.file.getvalue()
+
+
+def _figs(t_comm, t_compute, t_overall, t_during):
+    return overlap_fields(t_comm, t_compute, t_overall, t_during, gemm_flops(64))
+
+
+@pytest.mark.parametrize("figs,calibrated,want", [
+    # the 3x miss of a loaded host: comm 5970, compute 1966 (0.33x), OSU 87 %: overall
+    # 1966 + 0.13 x 5970 = 2742, compute during it 845 (slowdown 0.43x)
+    (_figs(5970, 1966, 2742, 845), True, ["calibration missed", "compute slowdown 0.43x"]),
+    # a quiet host's 25M single bucket, polls 0 (README): nothing odd
+    (_figs(8330, 8485, 17939, 8740), True, []),
+    # a progress thread that slows the compute 15x: t_overall far above t_comm + t_compute,
+    # but the compute as it ran (2447) plus t_comm covers it: not odd
+    (_figs(159, 161, 2496, 2447), True, []),
+    # overall shorter than the compute alone by 30 %
+    (_figs(100, 100, 70, 95), True, ["shorter than its own compute"]),
+    # the wait after the compute took 3x the pure all_reduce: (100 + 100) x 1.2 = 240 < 300
+    (_figs(100, 100, 300, 100), True, ["the wait outlasted the all_reduce"]),
+    # within noise of the same bound
+    (_figs(100, 100, 230, 100), True, []),
+    # a fixed gemm has no target: 4x the comm is what the user asked for
+    (_figs(100, 400, 420, 400), False, []),
+    # the warning factor's edges: 1.49x passes, 1.51x does not
+    (_figs(100, 149, 160, 149), True, []),
+    (_figs(100, 151, 160, 151), True, ["calibration missed"]),
+    (_figs(100, 100 / 1.51, 110, 100 / 1.51), True, ["calibration missed"]),
+])
+def test_row_warnings(figs, calibrated, want):
+    got = row_warnings(figs, calibrated)
+    assert len(got) == len(want), got
+    for w, g in zip(want, got):
+        assert w in g, (w, g)
 
 
 def test_calibrate_gemm_is_deterministic_given_the_agreed_times():

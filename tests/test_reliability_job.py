@@ -54,8 +54,16 @@ def _wait_job_gone(out: Path, limit_s: float) -> float:
     raise AssertionError(f"job processes still alive after {limit_s} s: {left}")
 
 
-def _rank_pid(out: Path, rank: int) -> int:
-    return json.loads((out / ".progress" / f"rank-{rank}").read_text())["pid"]
+@pytest.fixture(autouse=True)
+def _reap(tmp_path):
+    """A test that fails midway must not leave its job running (a stopped rank, a launcher
+    it gave up on): whatever still names its directory is killed afterwards."""
+    yield
+    for pid in _job_pids(tmp_path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @needs_mpi
@@ -242,19 +250,19 @@ def test_a_disk_that_fills_mid_run_fails_the_run_cleanly_then_resume_finishes(sm
     out = small_disk / "run"
     sizes = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K"
     p = _launch(["run", "quick", "--np", "2", "--backend", backend, "-b", "all_reduce", "--sizes", sizes,
-                 "--iters", "300", "--warmup", "1", "--out", out], {})
+                 "--min-time-ms", "250", "--max-iters", "1000000", "--warmup", "1", "--out", out], {})
     _wait_rows(out, 2, p)
     filler = _fill(small_disk)
     t0 = time.monotonic()
     _, err = p.communicate(timeout=120)
-    assert p.returncode != 0, err
     took = time.monotonic() - t0
     _wait_job_gone(out, 5)
     from commbench.results import load
 
+    # Each point takes about 250 ms (the calibration target), so 12 are still to come when the
+    # disk fills after the second.
     n_rows = len(load(out, warn=lambda line: None))
-    if n_rows == 14:
-        pytest.skip("the run finished before the disk filled")
+    assert n_rows < 14 and p.returncode != 0, (n_rows, p.returncode, err)
     assert took < JOB_END_S, (took, err)
     assert "Traceback" not in err, err
     meta = _meta(out)
@@ -266,3 +274,63 @@ def test_a_disk_that_fills_mid_run_fails_the_run_cleanly_then_resume_finishes(sm
     keys = [json.loads(x)["point_key"] for x in (out / "rows.jsonl").read_text().splitlines()]
     assert len(keys) == 14 and len(set(keys)) == 14
     assert _meta(out)["status"] == "complete"
+
+
+@needs_torch
+def test_ranks_waiting_outside_a_smaller_world_end_with_it(tmp_path):
+    """Four gloo ranks started the torchrun way (no launcher of ours to stop them), worlds 2
+    and 4: rank 1 hangs in world 2 while ranks 2 and 3 wait outside it, with no deadline of
+    their own. The watchdog's timeout on rank 0 must end them too, and name rank 1 alone:
+    ranks 2 and 3, idle outside the world, were not due."""
+    from commbench.launch import free_port
+
+    out = tmp_path / "run"
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "plugins"),
+                                                       os.environ.get("PYTHONPATH", "")]),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="4", LOCAL_WORLD_SIZE="4",
+               **_env(f"hang_setup:1:{FAULT_AT}"))
+    env.pop("COMMBENCH_TTY", None)
+    args = [sys.executable, "-m", "commbench", "run", "quick", "--backend", "gloo", "-b", "all_reduce_fault",
+            "--sizes", SIZES, "--worlds", "2,4", "--timeout", "3", "--no-check", "--out", str(out)]
+    procs = [subprocess.Popen(args, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    t0 = time.monotonic()
+    try:
+        for p in procs:
+            p.wait(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode != 0 for p in procs), [p.returncode for p in procs]
+    meta = _meta(out)
+    assert meta["status"] == "failed" and "ranks not arrived: 1" in meta["reason"], meta["reason"]
+    assert "ranks not arrived: 1," not in meta["reason"]  # ranks 2 and 3 were not due
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_timeout_tells_every_rank_through_a_failure_file(tmp_path, monkeypatch):
+    """Ranks with no deadline of their own (idle outside a smaller world, behind a partition
+    that keeps mpirun from stopping them) learn of another rank's timeout only through its
+    failure file: the watchdog writes one before it ends the process."""
+    from commbench import guard as guard_mod
+
+    ended = []
+    g0 = guard_mod.Guard(0, 4, tmp_path, 3.0, launch="L")
+    g0.start()
+    monkeypatch.setattr(g0, "_end", lambda status, reason, code: ended.append((status, reason, code)))
+    g0.members = 2
+    g0.arm("all_reduce 1M (timed loop)")
+    g2 = guard_mod.Guard(2, 4, tmp_path, 3.0, launch="L")
+    g2.start()
+    g2.idle("waiting for ranks 0-1 to finish world 2")
+    try:
+        g0._fatal_timeout("all_reduce 1M (timed loop)")
+        assert ended and ended[0][2] == guard_mod.EXIT_TIMEOUT
+        peer = g2.peer_failure()
+        assert peer is not None and peer[0] == 0 and "timeout" in peer[1]
+        assert "ranks not arrived: 1" in ended[0][1] and "2" not in ended[0][1].split("not arrived:")[1][:4]
+    finally:
+        g0.stop()
+        g2.stop()

@@ -81,6 +81,6 @@ def test_generic_defaults_in_process():
 def test_rows_that_are_not_a_collective_get_no_fit_or_busbw_scaling():
     # overlap rows (collective_rows False, no scaling metric of their own) are left out.
     rows = [_row(bench, world, n, 3.0 + n / 1e4 * world) for bench in ("overlap", "all_reduce")
-            for world in (2, 4) for n in (1024, 1 << 20)]
+            for world in (2, 4) for n in (1024, 65536, 1 << 20)]  # a fit needs three sizes
     assert set(fit_table(pd.DataFrame(rows))["benchmark"]) == {"all_reduce"}
     assert set(scaling_table(pd.DataFrame(rows))["benchmark"]) == {"all_reduce"}

@@ -15,12 +15,14 @@ BACKENDS = {
     "mpi": ("commbench.backends.mpi", "MpiBackend"),
     "gloo": ("commbench.backends.torch_dist", "TorchBackend"),
     "nccl": ("commbench.backends.torch_dist", "TorchBackend"),
+    "jax": ("commbench.backends.jax_dist", "JaxBackend"),
 }
 # dtypes each backend carries (MPI has no bfloat16 datatype).
 BACKEND_DTYPES = {
     "mpi": ("float32", "float16", "int32"),
     "gloo": ("float32", "bfloat16", "float16", "int32"),
     "nccl": ("float32", "bfloat16", "float16", "int32"),
+    "jax": ("float32", "bfloat16", "float16", "int32"),
 }
 
 
@@ -33,7 +35,7 @@ def gpu_visible() -> bool:
 
 # What a pip user installs for a backend (the extras of pyproject.toml).
 INSTALL_HINT = ("pip install 'commbench[torch]' for gloo and nccl, or 'commbench[mpi]' with a system MPI "
-                "('commbench[mpi,mpi-wheel]' without one) for mpi")
+                "('commbench[mpi,mpi-wheel]' without one) for mpi, or 'commbench[jax]' for jax")
 
 
 def availability(name: str) -> tuple[bool, str]:
@@ -43,6 +45,12 @@ def availability(name: str) -> tuple[bool, str]:
             return False, ("mpi4py is not installed (pip install 'commbench[mpi]' with a system MPI, or "
                            "'commbench[mpi,mpi-wheel]')")
         return True, "mpi4py"
+    if name == "jax":
+        # Found, not imported: importing jax takes seconds, and a rank must not start JAX
+        # before jax.distributed.initialize.
+        if importlib.util.find_spec("jax") is None or importlib.util.find_spec("jaxlib") is None:
+            return False, "jax is not installed (pip install 'commbench[jax]')"
+        return True, "jax.lax collectives in shard_map (gloo on CPU; NCCL with JAX's CUDA plugin)"
     if importlib.util.find_spec("torch") is None:
         return False, "torch is not installed (pip install 'commbench[torch]')"
     if name == "nccl" and not gpu_visible():

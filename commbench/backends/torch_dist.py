@@ -315,6 +315,10 @@ class TorchBackend:
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if key not in os.environ:
                 raise UsageError(f"backend {self.name} needs {key} (torchrun sets it; commbench run --np sets it)")
+        if launch.world > 1:
+            from ..rendezvous import prepare_rendezvous
+
+            prepare_rendezvous(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
         kwargs = {}
         if self.device == "cuda":
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())

@@ -233,6 +233,10 @@ class MoE(Benchmark):
         odd = [f"{k}={v}" for k, v in asked.items() if (v if isinstance(v, list) else [v]) != [self.params[k].default]]
         if backend in self.host_only_on and odd:
             return f"moe {', '.join(odd)} runs on the device path (gloo, nccl), not on {backend}"
+        if backend == "jax":  # its own engine, over ragged_all_to_all where that runs (moe_jax.py)
+            from .moe_jax import refusal
+
+            return refusal(device, odd)
         return None
 
     def routing_for(self, p: dict, world: int):
@@ -293,6 +297,10 @@ class MoE(Benchmark):
     def path(comm, params: dict):
         """The device path where the backend has one (torch: gloo, nccl), in the mode and
         path asked; else the host path (refused for anything but flat normal: refusal())."""
+        if comm.backend == "jax":  # stages of its own, no host sync (moe_jax.py); flat normal only
+            from .moe_jax import JaxPath
+
+            return JaxPath(comm.device_moe())
         if comm.device_moe() is None:
             return HostPath()
         if params["mode"] == "low_latency":

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..units import fmt_size
-from ..viewkit import (FigureInfo, Section, fmt, has, labeler, new_figure, save_figure, size_axis, table, text,
-                       varying_params)
+from ..viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, labeler,
+                       legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
 
 
 def _us(v) -> str:
-    if not has(v):
-        return "-"
-    return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.4g}"
+    """Microseconds with one decimal, however large (no exponent beside plain numbers)."""
+    return fmt(v, 1) if has(v) else "-"
 
 
 def terminal_table(rows: list[dict], plain: bool):
@@ -27,11 +26,18 @@ def terminal_table(rows: list[dict], plain: bool):
               "IMB % = 100 max(0, min(1, (t_comm + t_compute - t_overall) / max(t_comm, t_compute))); "
               "slowdown = compute time while communicating / alone; exposed = t_overall - t_compute. "
               "sequence: t_comm = sum over the buckets, size = one bucket", plain)
-    cols = (["run"] if show_run else []) + ["world", "size", "mode", "polls/progress", "gemm", "t_comm", "t_compute",
-                                            "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)",
-                                            "GFLOP/s alone", "GFLOP/s overl.", "check"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run", "mode", "polls/progress", "check") else "right", no_wrap=True)
+    warn = any(has(r.get("warning")) for r in rows)
+    # The point and its three times, OSU's overlap and the check always; the other
+    # judgements while the table fits; the matmul's size and rates with --wide.
+    cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("size", False, ALWAYS, True),
+            ("mode", True, ALWAYS, True), ("polls/progress", True, COMPACT, True), ("gemm", False, WIDE, True),
+            ("t_comm", False, ALWAYS, True), ("t_compute", False, ALWAYS, True), ("t_overall", False, ALWAYS, True),
+            ("OSU %", False, ALWAYS, True), ("IMB %", False, COMPACT, True), ("slowdown", False, COMPACT, True),
+            ("exposed (us)", False, COMPACT, True), ("GFLOP/s alone", False, WIDE, True),
+            ("GFLOP/s overl.", False, WIDE, True), ("check", True, ALWAYS, True), ("warning", True, ALWAYS, warn)]
+    cols = [c for c in cols if c[3]]
+    for name, left, level, _ in cols:
+        add_column(t, name, left, level, wrap=name == "warning")
     for r in rows:
         mode = str(r.get("mode"))
         if mode == "sequence":
@@ -44,24 +50,64 @@ def terminal_table(rows: list[dict], plain: bool):
             fmt(r.get("overlap_osu_pct"), 0), fmt(r.get("overlap_imb_pct"), 0),
             fmt(r.get("compute_slowdown")) + "x" if has(r.get("compute_slowdown")) else "-", _us(r.get("exposed_us")),
             fmt(r.get("gflops_alone"), 1), fmt(r.get("gflops_overlapped"), 1), str(r.get("check"))]
+        cells += [text(r.get("warning"))] if warn else []
         t.add_row(*cells)
     return t
 
 
 def section(o, figures: list) -> Section:
-    """report.md/report.html: overlap by bucket size, one row per point."""
+    """report.md/report.html: overlap by bucket size, one row per point; the summary's
+    overlap findings."""
     multi_run = o["run"].nunique() > 1
     pk = [k for k in varying_params(o["params"]) if k != "mode"] if "params" in o.columns else []
+    warn = "warning" in o.columns and o["warning"].map(has).any()
     heads = (["run"] if multi_run else []) + ["world", "mode"] + pk + [
-        "bucket", "time (us)", "overlap OSU %", "overlap IMB %", "compute slowdown", "exposed (us)"]
+        "bucket", "time (us)", "overlap OSU %", "overlap IMB %", "compute slowdown", "exposed (us)"] + \
+        (["warning"] if warn else [])
     rows = []
     for r in o.sort_values([c for c in ("run", "world", "mode", "nbytes") if c in o.columns]).to_dict("records"):
         p = r.get("params") or {}
         rows.append(([text(r["run"])] if multi_run else []) + [str(r["world"]), text(r.get("mode"))] + [
             text(p.get(k)) for k in pk] + [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]),
                                            fmt(r.get("overlap_osu_pct"), 1), fmt(r.get("overlap_imb_pct"), 1),
-                                           fmt(r.get("compute_slowdown"), 3), fmt(r.get("exposed_us"))])
-    return Section("Overlap", "communication hidden behind compute, by bucket size", heads, rows, figures)
+                                           fmt(r.get("compute_slowdown"), 3), fmt(r.get("exposed_us"))]
+                    + ([text(r.get("warning"))] if warn else []))
+    return Section("Overlap", "communication hidden behind compute, by bucket size", heads, rows, figures,
+                   findings=findings(o))
+
+
+def judge_overlap(pct: float) -> str:
+    """OSU's overlap % in words."""
+    if pct >= 80:
+        return "communication hidden behind the compute"
+    if pct >= 30:
+        return "partly hidden: the collective progresses only part of the time the compute runs"
+    return "mostly exposed: the collective does not progress during the compute (try polls or a progress thread)"
+
+
+def findings(o) -> list:
+    """Per run, world and mode: the best OSU overlap and its bucket size, and how many rows
+    carry a warning (their figures are not to be trusted as they stand)."""
+    out = []
+    if "overlap_osu_pct" not in o.columns:
+        return out
+    o = o.copy()
+    o["mode"] = o["mode"].map(text) if "mode" in o.columns else ""
+    multi_run = o["run"].nunique() > 1
+    for (run, world, mode), g in o.groupby([o["run"].map(text), "world", "mode"], sort=True):
+        pct = g["overlap_osu_pct"].astype(float)
+        if pct.notna().sum() == 0:
+            continue
+        best = g.loc[pct.idxmax()]
+        warned = int(g["warning"].map(has).sum()) if "warning" in g.columns else 0
+        who = f"{run + ' ' if multi_run else ''}n={int(world)}{' ' + mode if mode else ''}"
+        out.append(Finding(text(best.get("benchmark")), f"OSU overlap ({who})",
+                           f"best {fmt(pct.max(), 0)}% at {fmt_size(int(best['nbytes']))}; "
+                           f"{fmt(pct.min(), 0)}% at the worst of {len(g)} sizes"
+                           + (f"; {warned} row(s) carry a warning" if warned else ""),
+                           judge_overlap(float(pct.max())) + ("; see the warnings before trusting it" if warned
+                                                             else "")))
+    return out
 
 
 def figure(o, out_dir: Path, name: str) -> FigureInfo | None:
@@ -95,14 +141,17 @@ def figure(o, out_dir: Path, name: str) -> FigureInfo | None:
     axes[0][0].set_ylabel("communication hidden (%)")
     axes[0][0].set_ylim(-2, 102)
     axes[0][0].set_title("overlap of communication with compute vs bucket size")
-    axes[0][0].legend(fontsize=8, loc="best")
     axes[0][0].grid(True, alpha=0.3)
+    # Beside the axes: inside, a legend covers the large buckets' lines whatever corner it takes.
+    legend_beside(axes[0][0])
     if nrows == 2:
         axes[1][0].set_ylabel("compute slowdown (x, with comm / alone)")
         axes[1][0].axhline(1.0, color="0.5", ls="--", lw=1)
         axes[1][0].grid(True, alpha=0.3)
-        axes[1][0].legend(fontsize=8, loc="best")
+        legend_beside(axes[1][0])
     size_axis(axes[-1][0], "bucket size (bytes, log2)")
+    # Buckets are often no power of two (DDP's 25 MiB): tick each one plotted.
+    size_ticks(axes[-1][0], o["nbytes"].astype(float))
     return FigureInfo(name, save_figure(fig, out_dir, name), "overlap",
                       "solid, OSU: 100 - 100 (overall - compute) / pure comm; dashed, IMB-NBC: 100 (pure comm + "
                       "compute - overall) / max(pure comm, compute)", series)

@@ -1,0 +1,251 @@
+"""commbench compare with repeated runs a side: verdicts rest on the spread between runs,
+and one run a side says that it cannot separate noise from change."""
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from commbench.compare import (ONE_RUN_CAVEAT, _pct_text, between_runs, compare_paths, compare_runs, print_compare,
+                               split_sides, summary, t_quantile)
+from commbench.errors import UsageError
+from commbench.results import RunDir, Status
+from conftest import needs_mpi, run_cli
+
+SIZES = [8 << i for i in range(14)]  # 8 .. 64K, as `run quick --sizes 8:64K`
+
+
+def _row(nbytes, p50, run, bench="all_reduce"):
+    """A commbench row whose own interval is tight (p90 1 % above p50 over 2000
+    iterations), as on a quiet moment of a run: far narrower than the run-to-run drift."""
+    return {"schema": 3, "benchmark": bench, "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
+            "dtype": "float32", "variant": "default", "placement": "in-place", "params": {}, "stage": "",
+            "iters": 2000, "warmup": 3, "timing": "back_to_back", "clock": "host_clock",
+            "time_us_min": p50 * 0.98, "time_us_p50": p50, "time_us_mean": p50 * 1.005, "time_us_p90": p50 * 1.01,
+            "time_us_p99": p50 * 1.02, "time_us_max": p50 * 3, "time_us_std": p50 * 0.01,
+            "algbw_gbps": nbytes / (p50 * 1e-6) / 1e9, "busbw_gbps": nbytes / (p50 * 1e-6) / 1e9,
+            "busbw_factor": 1.0, "check": "ok", "run": run}
+
+
+def _true_us(nbytes):
+    return 0.7 + nbytes / 3000.0
+
+
+def _side(factors, name, scale=1.0, sizes=SIZES):
+    """One frame of len(factors) runs: run i has every point at true time x scale x factors[i][j]
+    (factors[i] a number: the same drift at every size)."""
+    rows = []
+    for i, f in enumerate(factors):
+        fs = f if hasattr(f, "__len__") else [f] * len(sizes)
+        rows += [_row(s, _true_us(s) * scale * x, f"{name}{i + 1}") for s, x in zip(sizes, fs)]
+    return pd.DataFrame(rows)
+
+
+# Run-to-run drift of a noisy machine: each run a few to 30 % off, differently on each side.
+BASE_DRIFT = [1.0, 1.25, 0.85]
+NEW_DRIFT = [1.3, 0.9, 1.1]
+
+
+def test_t_quantile_matches_the_tables():
+    # Student's t, two-sided 95 %: the textbook values; fractional df in between.
+    for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042), (1e6, 1.960)):
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-3)
+    assert t_quantile(0.975, 2) > t_quantile(0.975, 2.5) > t_quantile(0.975, 3)
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1.3, 2.7, 4.4, 7.9):
+        assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-9)
+
+
+def test_drift_between_runs_with_no_change_is_not_called():
+    base, new = _side(BASE_DRIFT, "a"), _side(NEW_DRIFT, "b")
+    df = compare_runs(base, new)
+    # The geometric means differ by 6.6 %, past the threshold: only the interval stops it.
+    assert df["change_pct"].tolist() == pytest.approx([6.6] * len(SIZES), abs=0.1)
+    assert set(df["verdict"]) == {"not significant"}
+    assert ((df["change_lo_pct"] < 0) & (df["change_hi_pct"] > 0)).all()
+    assert set(df["base_runs"]) == {3} and set(df["new_runs"]) == {3} and (df["caveat"] == "").all()
+    # The same data one run a side, as compare judged them before: every pair calls a change
+    # at most sizes, on intervals that only see the spread inside a run.
+    called = [(compare_runs(base[base.run == f"a{i}"], new[new.run == f"b{j}"])["verdict"] != "not significant").sum()
+              for i in (1, 2, 3) for j in (1, 2, 3)]
+    assert sum(called) > len(called) * len(SIZES) / 2
+
+
+@pytest.mark.parametrize("scale,verdict", [(2.0, "slower"), (0.5, "faster")])
+def test_a_real_twofold_change_is_found_through_the_drift(scale, verdict):
+    df = compare_runs(_side(BASE_DRIFT, "a"), _side(NEW_DRIFT, "b", scale))
+    assert set(df["verdict"]) == {verdict}
+    assert df["ratio"].tolist() == pytest.approx([scale * 1.066] * len(SIZES), rel=1e-3)
+    inside = (df["change_lo_pct"] < (df["ratio"] - 1) * 100) & ((df["ratio"] - 1) * 100 < df["change_hi_pct"])
+    assert inside.all()
+    assert all(b == "between runs: Welch t on log p50, 3 vs 3 runs" for b in df["basis"])
+
+
+def test_between_run_interval_is_welch_on_log_p50():
+    b, n = [1.0, 1.25, 0.85], [2.6, 1.8, 2.2]
+    r = between_runs(b, n)
+    lb, ln = np.log(b), np.log(n)
+    vb, vn = lb.var(ddof=1) / 3, ln.var(ddof=1) / 3
+    df = (vb + vn) ** 2 / (vb ** 2 / 2 + vn ** 2 / 2)
+    d = ln.mean() - lb.mean()
+    h = t_quantile(0.975, df) * math.sqrt(vb + vn)
+    assert r["df"] == pytest.approx(df) and 2 <= r["df"] <= 4
+    assert (r["ratio"], r["lo"], r["hi"]) == pytest.approx((math.exp(d), math.exp(d - h), math.exp(d + h)))
+    # Runs that all agree give no spread to judge by; a p50 of 0 has no log.
+    assert between_runs([1.0, 1.0], [2.0, 2.0]) is None and between_runs([0.0, 1.0], [1.0, 2.0]) is None
+
+
+def test_false_calls_stay_near_the_test_level_and_real_changes_are_found():
+    """Many points, lognormal drift of 15 % between runs, 3 runs a side: with no change a
+    point is called at about the 95 % interval's 5 % (bound: 5 % plus 2.7 binomial standard
+    deviations over 400 points), one run a side calls most; a 2x change is found at nearly
+    every point (1.5x at only about 60 %: three runs a side buy little power, and the
+    interval says so rather than guess)."""
+    rng = np.random.default_rng(17)
+    pts = 400
+    sizes = list(range(8, 8 + pts))
+
+    def side(scale):
+        return [list(np.exp(rng.normal(0, 0.15, pts)) * scale) for _ in range(3)]
+
+    def called(df):
+        return (df["verdict"] != "not significant").mean()
+
+    same = compare_runs(_side(side(1.0), "a", sizes=sizes), _side(side(1.0), "b", sizes=sizes))
+    one = compare_runs(_side(side(1.0)[:1], "a", sizes=sizes), _side(side(1.0)[:1], "b", sizes=sizes))
+    moved = compare_runs(_side(side(1.0), "a", sizes=sizes), _side(side(2.0), "b", sizes=sizes))
+    assert called(same) < 0.05 + 2.7 * math.sqrt(0.05 * 0.95 / pts)
+    assert called(one) > 0.5
+    assert (moved["verdict"] == "slower").mean() > 0.9
+
+
+def test_each_point_counts_its_own_runs_and_runs_that_agree_fall_back_to_the_threshold():
+    new = _side(NEW_DRIFT, "b", 2.0)
+    new = new[~((new.run == "b3") & (new.nbytes == SIZES[-1]))]  # b3 stopped before its last size
+    df = compare_runs(_side(BASE_DRIFT, "a"), new)
+    last = df[df.nbytes == SIZES[-1]].iloc[0]
+    assert (last["base_runs"], last["new_runs"]) == (3, 2) and last["basis"].endswith("3 vs 2 runs")
+    assert set(df[df.nbytes != SIZES[-1]]["new_runs"]) == {3}
+    # Every run of both sides alike: no spread to judge by, so the threshold alone decides.
+    df = compare_runs(_side([1.0, 1.0], "a"), _side([1.04, 1.04], "b"))
+    assert set(df["verdict"]) == {"not significant"} and df["change_lo_pct"].isna().all()
+    df = compare_runs(_side([1.0, 1.0], "a"), _side([1.5, 1.5], "b"))
+    assert set(df["verdict"]) == {"slower"} and set(df["basis"]) == {"threshold only (no spread between runs)"}
+
+
+def test_one_run_a_side_says_it_cannot_separate_noise_from_change():
+    df = compare_runs(_side([1.0], "a"), _side([1.3], "b"))
+    assert set(df["verdict"]) == {"slower"} and set(df["caveat"]) == {ONE_RUN_CAVEAT}
+    assert summary(df)["one run per side"] == len(SIZES)
+    assert df["change_lo_pct"].isna().all()
+    buf = io.StringIO()
+    print_compare(df, console=Console(file=buf, width=250, no_color=True), threshold_pct=5, wide=True)
+    out = buf.getvalue()
+    lines = [ln for ln in out.splitlines() if "all_reduce" in ln]
+    assert len(lines) == len(SIZES) and all("noise or change?" in ln for ln in lines)
+    assert "cannot separate noise from change" in out.splitlines()[0]
+    assert "A1 A2 A3 -- B1 B2 B3" in out
+    # Nothing changed: the one line that says so carries the caveat and the way out too.
+    buf = io.StringIO()
+    print_compare(compare_runs(_side([1.0], "a"), _side([1.0], "b")), console=Console(file=buf, width=250),
+                  all_points=False)
+    out = buf.getvalue()
+    assert "0 slower" in out and "cannot separate noise from change" in out and "-- B1 B2 B3" in out
+
+
+def test_repeated_runs_print_the_interval_and_the_runs_range():
+    df = compare_runs(_side(BASE_DRIFT, "a"), _side(NEW_DRIFT, "b", 2.0))
+    buf = io.StringIO()
+    print_compare(df, console=Console(file=buf, width=250, no_color=True), threshold_pct=5, wide=True)
+    out = buf.getvalue()
+    assert "compare over 3 base vs 3 new runs" in out and f"{len(SIZES)} slower" in out
+    assert "noise or change" not in out and "95% interval" in out
+    lo, hi = df.iloc[0]["change_lo_pct"], df.iloc[0]["change_hi_pct"]
+    assert f"{_pct_text(lo)}..{_pct_text(hi)}%" in out
+    first = f"{_true_us(8) * 0.85:.2f}..{_true_us(8) * 1.25:.2f}"
+    assert first in out  # the base runs' lowest..highest p50 of the first point
+
+
+def test_split_sides_forms_and_mistakes():
+    assert split_sides(["a", "b"]) == (["a"], ["b"])
+    argv = ["compare", "--all", "a1", "a2", "a3", "--", "b1", "b2"]
+    assert split_sides(["a1", "a2", "a3", "b1", "b2"], argv=argv) == (["a1", "a2", "a3"], ["b1", "b2"])
+    assert split_sides(["a1", "a2", "--", "b1"], argv=["compare", "a1", "a2", "--", "b1"]) == (["a1", "a2"], ["b1"])
+    assert split_sides([], ["a1", "a2"], ["b1"]) == (["a1", "a2"], ["b1"])
+    for runs, base, new, argv, words in (
+            (["a", "b", "c"], None, None, [], "3 run(s) without --"),
+            (["a"], None, None, ["compare", "a", "--"], "no run after --"),
+            (["b"], None, None, ["compare", "--", "b"], "no run before --"),
+            (["a", "b", "--all"], None, None, ["compare", "a", "--", "b", "--all"], "put options before --"),
+            ([], ["a"], None, [], "--new is missing"),
+            (["x"], ["a"], ["b"], [], "both as positionals and with --base/--new")):
+        with pytest.raises(UsageError, match=re.escape(words)):
+            split_sides(runs, base, new, argv)
+
+
+def _write(tmp_path, name, df):
+    w = RunDir(tmp_path / name).open({"schema": 3, "status": "running"})
+    for r in df.drop(columns="run").to_dict("records"):
+        w.append(r)
+    w.finish(Status.COMPLETE)
+    return str(tmp_path / name)
+
+
+def test_compare_paths_takes_repeated_runs_and_refuses_one_twice(tmp_path):
+    base = _side(BASE_DRIFT, "a")
+    new = _side(NEW_DRIFT, "b", 2.0)
+    a = [_write(tmp_path, r, g) for r, g in base.groupby("run")]
+    # Two runs of one side whose directories share a name stay two runs.
+    for d in "xyz":
+        (tmp_path / d).mkdir()
+    b = [_write(tmp_path, f"{d}/quick", g) for d, (_, g) in zip("xyz", new.groupby("run"))]
+    con = Console(file=io.StringIO(), width=250)
+    csv = tmp_path / "cmp.csv"
+    assert compare_paths(a, b, fail_on_regression=True, console=con, csv_out=csv) == 1
+    got = pd.read_csv(csv)
+    assert set(got["verdict"]) == {"slower"} and set(got["base_runs"]) == {3} and set(got["new_runs"]) == {3}
+    assert set(got["new_run"]) == {",".join(b)}
+    with pytest.raises(UsageError, match="given twice"):
+        compare_paths([a[0], a[0] + "/rows.jsonl"], b, console=con)
+
+
+def test_cli_sides_and_one_error_prefix(tmp_path):
+    base, new = _side(BASE_DRIFT, "a"), _side(NEW_DRIFT, "b")
+    a = [_write(tmp_path, r, g) for r, g in base.groupby("run")]
+    b = [_write(tmp_path, r, g) for r, g in new.groupby("run")]
+    for args in ([*a, "--", *b], ["--base", *a, "--new", *b], ["--all", *a, "--", *b]):
+        p = run_cli("compare", *args)
+        assert p.returncode == 0, p.stderr
+        assert "compare over 3 base vs 3 new runs: 0 slower, 0 faster" in p.stdout, p.stdout
+    p = run_cli("compare", a[0], b[0], "--all")
+    assert p.returncode == 0 and "cannot separate noise from change" in p.stdout and "slower" in p.stdout
+    for args, words in (([*a, *b], "6 run(s) without --"), ([a[0], b[0], "--bogus"], "unrecognized arguments"),
+                        ([a[0], b[0], "--threshold"], "expected one argument"),
+                        ([*a, "--", b[0], "--all"], "put options before --")):
+        p = run_cli("compare", *args)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and words in lines[0], p.stderr
+        assert lines[0].startswith("commbench: error: ") and lines[0].count("commbench") == 1, lines[0]
+
+
+@needs_mpi
+def test_end_to_end_repeated_loopback_runs(tmp_path):
+    runs = []
+    for name in ("a1", "a2", "b1"):  # two runs against one: the base side's spread judges
+        out = tmp_path / name
+        p = run_cli("run", "quick", "--np", 2, "-b", "all_reduce", "--sizes", "8,1K", "--iters", 5, "--warmup", 1,
+                    "--out", out, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(str(out))
+    csv = tmp_path / "cmp.csv"
+    p = run_cli("compare", "--all", "--csv", csv, runs[0], runs[1], "--", runs[2])
+    assert p.returncode == 0, p.stderr
+    assert "compare over 2 base vs 1 new runs" in p.stdout
+    got = pd.read_csv(csv)
+    assert sorted(got["nbytes"]) == [8, 1024] and set(got["base_runs"]) == {2} and set(got["new_runs"]) == {1}
+    assert got["change_lo_pct"].notna().all() and (got["caveat"].isna() | (got["caveat"] == "")).all()
