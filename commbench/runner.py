@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -546,9 +547,31 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
     bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
     # MPI_Finalize and a process group's teardown wait for the other ranks: watched too.
     ctx.guard.arm("closing the backend")
-    ctx.backend.finalize()
+    with _teardown_bound(ctx.cfg.timeout_s + 10.0):
+        ctx.backend.finalize()
     ctx.guard.stop()
     return 1 if bad else 0
+
+
+@contextmanager
+def _teardown_bound(limit_s: float):
+    """A kernel timer around the backend's teardown: the watchdog is a Python thread, and a
+    library call that keeps the interpreter's lock while it waits (MPI_Finalize behind a
+    lost link) would keep it from ever running. SIGALRM with its default action ends the
+    process whatever holds the lock; the run is already marked by then."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, max(1.0, limit_s))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def add_ceiling(row: dict, profile, nodes: list[int]) -> None:

@@ -340,3 +340,24 @@ def test_a_timeout_tells_every_rank_through_a_failure_file(tmp_path, monkeypatch
     finally:
         g0.stop()
         g2.stop()
+
+
+def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
+    """The watchdog thread cannot run while a library call keeps the interpreter's lock
+    (MPI_Finalize behind a lost link): the kernel timer around the teardown ends the process
+    anyway. Here the held call is a C sleep through ctypes.pythonapi, which keeps the lock."""
+    code = ("import ctypes, sys\n"
+            "from commbench.runner import _teardown_bound\n"
+            "libc = ctypes.PyDLL(None)\n"  # PyDLL: the call keeps the interpreter's lock
+            "with _teardown_bound(1.0):\n"
+            "    libc.sleep(30)\n"
+            "sys.exit(0)\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == -signal.SIGALRM, (p.returncode, p.stderr)
+    assert took < 10, took
+    ok = subprocess.run([sys.executable, "-c", "from commbench.runner import _teardown_bound\n"
+                         "with _teardown_bound(5.0):\n    pass\nimport time; time.sleep(6)\n"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr  # a teardown that returns in time cancels the timer
