@@ -261,8 +261,6 @@ def cmd_run(args, argv: list[str]) -> int:
     if args.master_addr is not None:
         if not args.master_addr.strip() or any(c.isspace() for c in args.master_addr):
             raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
-        import os
-
         os.environ["MASTER_ADDR"] = args.master_addr  # read where the torch rendezvous is prepared
     if args.resume:
         return _resume(args, argv)

@@ -32,15 +32,7 @@ def describe(point) -> str:
 def describe_row(row: dict) -> str:
     """A row in a warning line: with its params, so rows of one size (overlap's modes, MoE's
     routings) are told apart."""
-    params = row.get("params") or {}
-    if isinstance(params, str):
-        import json
-
-        try:
-            params = json.loads(params)
-        except ValueError:
-            params = {}
-    extra = "".join(f" {k}={v}" for k, v in params.items()) if isinstance(params, dict) else ""
+    extra = "".join(f" {k}={v}" for k, v in (row.get("params") or {}).items())
     stage = f" {row['stage']}" if row.get("stage") else ""
     return (f"{row['benchmark']}{stage} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} "
             f"world {row.get('world')}{extra}")
@@ -198,13 +190,13 @@ class Progress:
     mpirun passes output on a line at a time: the bar is drawn on the launcher's terminal device
     (COMMBENCH_TTY_PATH) instead, or it would show only at the end."""
 
-    def __init__(self, todo: list, enabled: bool, cfg=None):
+    def __init__(self, todo: list, enabled: bool, cfg):
         from .plan import point_seconds
 
         self.enabled = enabled
         self.tty = enabled and stdout_is_tty()
         self.total, self.done = len(todo), 0
-        self.weight = {id(p): point_seconds(cfg, p) if cfg is not None else 1.0 for p in todo}
+        self.weight = {id(p): point_seconds(cfg, p) for p in todo}
         # Parameters named in a point's line: only those that vary within its benchmark.
         self.varying = {}
         for p in todo:
