@@ -6,8 +6,8 @@ import os
 import sys
 
 from .backends import BACKENDS
-from .errors import RunFailed, UsageError
-from .suite import TIMING_METHODS, key_help
+from commbench.core.errors import RunFailed, UsageError
+from commbench.run.suite import TIMING_METHODS, key_help
 
 
 class _Parser(argparse.ArgumentParser):
@@ -149,7 +149,7 @@ def _kh(key: str) -> str:
     """A suite key's flag help: what it sets, and that the suite's value applies unless given."""
     from dataclasses import fields
 
-    from .suite import SuiteConfig
+    from commbench.run.suite import SuiteConfig
 
     default = {f.name: f.default for f in fields(SuiteConfig)}[key]
     shown = {None: "the first backend that works here", "": "none"}.get(default, default) if key == "backend" \
@@ -173,7 +173,7 @@ def profile_overrides(args) -> dict:
 
 def resolve_profile_spec(name: str | None, overrides: dict):
     """Load and check a profile before any rank starts (exit 2 on a bad file or flag)."""
-    from . import ceilings
+    from commbench.analyse import ceilings
 
     if name is None:
         if overrides:
@@ -187,8 +187,8 @@ def _resume_config(args):
     from dataclasses import fields
     from pathlib import Path
 
-    from . import suite as suite_mod
-    from .results import RunLock, held_by_my_launcher, load_meta
+    from commbench.run import suite as suite_mod
+    from commbench.store.results import RunLock, held_by_my_launcher, load_meta
 
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
@@ -216,9 +216,9 @@ def _resume_config(args):
 
 
 def _resume(args, argv: list[str]) -> int:
-    from . import launch, runner
-    from .launch_variants import resume_variants
-    from .variants import plan as plan_variants
+    from commbench.run import launch, runner
+    from commbench.run.launch_variants import resume_variants
+    from commbench.run.variants import plan as plan_variants
 
     cfg, meta = _resume_config(args)
     backend, device = meta["backend"], meta.get("device")
@@ -234,7 +234,7 @@ def _resume(args, argv: list[str]) -> int:
         todo = [n for n in plan_variants(cfg, backend, device or "cpu").names if n not in done]
     if args.np is not None:
         launch.check_local_ranks(args.np)
-        from .results import hold_for_launch
+        from commbench.store.results import hold_for_launch
 
         lock = hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
         return resume_variants(cfg, todo, args.np, backend, _strip_np(argv) + ["--backend", backend], args.resume,
@@ -250,11 +250,12 @@ def cmd_run(args, argv: list[str]) -> int:
     from dataclasses import fields
     from pathlib import Path
 
-    from . import backends, launch, plan as plan_mod, runner, suite as suite_mod
-    from .launch_variants import capabilities
-    from .results import new_run_dir
-    from .units import parse_sizes_arg
-    from .variants import plan as plan_variants
+    from commbench import backends
+    from commbench.run import launch, plan as plan_mod, runner, suite as suite_mod
+    from commbench.run.launch_variants import capabilities
+    from commbench.store.results import new_run_dir
+    from commbench.core.units import parse_sizes_arg
+    from commbench.run.variants import plan as plan_variants
 
     if args.np is not None:
         launch.check_local_ranks(args.np)
@@ -302,7 +303,7 @@ def cmd_run(args, argv: list[str]) -> int:
     if external and args.variant is not None and vplan.skipped:
         why = vplan.skipped[args.variant]
         if launch.detect().rank == 0:  # say so, and keep it in the run's record, rather than drop it silently
-            from .launch_variants import record_skip
+            from commbench.run.launch_variants import record_skip
 
             print(f"variant {args.variant}: skipped: {why}", flush=True)
             if args.out:
@@ -310,14 +311,14 @@ def cmd_run(args, argv: list[str]) -> int:
         return 0
     join = False
     if args.out:
-        from .results import RunLock, held_by_my_launcher
+        from commbench.store.results import RunLock, held_by_my_launcher
 
         holder = RunLock(args.out).busy() if Path(args.out).is_dir() and not held_by_my_launcher(args.out) else None
         if holder:
             raise UsageError(f"--out {args.out}: a run is writing there now ({holder}): wait for it, or choose "
                              f"another directory")
     if args.out and (Path(args.out) / "rows.jsonl").exists():
-        from .results import load_meta
+        from commbench.store.results import load_meta
 
         meta = load_meta(args.out)
         # Another variant of the same suite joins the run (external launchers run one
@@ -335,7 +336,7 @@ def cmd_run(args, argv: list[str]) -> int:
         if info.rank == 0:
             plan_mod.print_plan(cfg, plan, world, backend)
         return 0
-    from .results import check_free_space, check_out_dir
+    from commbench.store.results import check_free_space, check_out_dir
 
     check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
     check_free_space(args.out or "results", len(points))
@@ -350,12 +351,12 @@ def cmd_run(args, argv: list[str]) -> int:
         child = _strip_np(argv) + ["--out", out] if not args.out else _strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
-        from .results import hold_for_launch
+        from commbench.store.results import hold_for_launch
 
         lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
         if args.variant is None and vplan.names == ["default"]:
             return launch.spawn_local(args.np, backend, child, out_dir=out)
-        from .launch_variants import run_variants
+        from commbench.run.launch_variants import run_variants
 
         return run_variants(vplan, args.np, backend, child, out, cfg)
     if len(vplan.entries) > 1:
@@ -382,7 +383,7 @@ def _strip_np(argv: list[str]) -> list[str]:
 def cmd_list() -> int:
     from . import backends
     from .benchmarks import registry
-    from .suite import list_suites
+    from commbench.run.suite import list_suites
 
     print("benchmarks:")
     for name, b in sorted(registry().items()):
@@ -401,7 +402,7 @@ def cmd_list() -> int:
     print("suites:")
     for s in list_suites():
         print(f"  {s}")
-    from .variants import BUILTIN
+    from commbench.run.variants import BUILTIN
 
     print("variants (--variants, or a suite's `variants`; each runs as its own launch):")
     for v in BUILTIN.values():
@@ -411,7 +412,7 @@ def cmd_list() -> int:
 
 
 def _profiles(args, default: list[str]):
-    from . import ceilings
+    from commbench.analyse import ceilings
 
     names = _csv(args.profile) if args.profile else default
     return [ceilings.apply_overrides(ceilings.load_profile(n), profile_overrides(args)) for n in names]
@@ -421,8 +422,8 @@ def cmd_ceilings(args) -> int:
     from rich import box
     from rich.table import Table
 
-    from . import ceilings
-    from .report import _console, stdout_is_tty
+    from commbench.analyse import ceilings
+    from commbench.report.terminal import _console, stdout_is_tty
 
     rows = ceilings.profiles_table_rows(_profiles(args, ceilings.list_profiles()))
     t = Table(title="hardware profiles", box=box.ASCII if not stdout_is_tty() else box.SIMPLE_HEAD,
@@ -442,11 +443,11 @@ def cmd_model(args) -> int:
     from rich import box
     from rich.table import Table
 
-    from . import model as M
-    from .analysis import fit_table
-    from .report import _console, stdout_is_tty
-    from .results import load, load_meta
-    from .units import fmt_size, parse_size
+    from commbench.analyse import model as M
+    from commbench.analyse.analysis import fit_table
+    from commbench.report.terminal import _console, stdout_is_tty
+    from commbench.store.results import load, load_meta
+    from commbench.core.units import fmt_size, parse_size
 
     console = _console()
     plain = not stdout_is_tty()
@@ -456,7 +457,7 @@ def cmd_model(args) -> int:
     sizes = [parse_size(x) for x in _csv(args.sizes or "1M,64M,1G")]
     fabrics = []
     if args.calibrate:
-        from . import ceilings
+        from commbench.analyse import ceilings
 
         meta = load_meta(args.calibrate)
         fields = ((meta.get("ceilings") or {}).get("fields")) or {}
@@ -529,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "wide", False):
-            from .report import set_wide
+            from commbench.report.terminal import set_wide
 
             set_wide(True)
         if args.cmd == "run":
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "list":
             return cmd_list()
         if args.cmd == "report":
-            from .report import report_runs
+            from commbench.report.terminal import report_runs
 
             names = _csv(args.profile) if args.profile else []
             if len(names) > 1:
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
             profile = resolve_profile_spec(names[0] if names else None, profile_overrides(args))
             report_runs(args.runs, profile)
             if args.out:
-                from .htmlreport import write_report
+                from commbench.report.html import write_report
 
                 res = write_report(args.runs, args.out, profile)
                 print(f"report: {res['markdown']} and {res['html']} ({len(res['figures'])} figures)")
@@ -553,13 +554,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"note: {note}")
             return 0
         if args.cmd == "compare":
-            from .compare import compare_paths, split_sides
+            from commbench.analyse.compare import compare_paths, split_sides
 
             base, new = split_sides(args.runs, args.base, args.new, argv)
             return compare_paths(base, new, args.threshold, args.fail_on_regression,
                                  all_points=args.all, csv_out=args.csv)
         if args.cmd == "import":
-            from .importers import import_to_run
+            from commbench.store.importers import import_to_run
 
             out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
                                             in_place=not args.no_in_place)
@@ -573,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "model":
             return cmd_model(args)
     except UsageError as e:
-        from .launch import say_once
+        from commbench.run.launch import say_once
 
         say_once(f"commbench: error: {e}")
         return e.exit_status

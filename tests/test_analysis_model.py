@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commbench import analysis as an
-from commbench import model as md
-from commbench.errors import UsageError
+from commbench.analyse import analysis as an
+from commbench.analyse import model as md
+from commbench.core.errors import UsageError
 from commbench.moe import accounting as acc
 
 SIZES = [2 ** k for k in range(3, 31)]  # 8 B .. 1 GiB
@@ -103,7 +103,7 @@ def test_fit_table_without_run_column_or_factor():
 
 
 def test_analysis_and_model_import_without_pandas():
-    code = "import sys, commbench.analysis, commbench.model; assert 'pandas' not in sys.modules"
+    code = "import sys, commbench.analyse.analysis, commbench.analyse.model; assert 'pandas' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

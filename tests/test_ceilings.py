@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from commbench import ceilings as C
-from commbench.errors import UsageError
+from commbench.analyse import ceilings as C
+from commbench.core.errors import UsageError
 
 GIB = 1 << 30
 

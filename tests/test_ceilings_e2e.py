@@ -6,8 +6,8 @@ import json
 import pytest
 
 import commbench
-from commbench import ceilings, model as M
-from commbench.analysis import fit_table
+from commbench.analyse import ceilings, model as M
+from commbench.analyse.analysis import fit_table
 
 from conftest import needs_mpi, run_cli
 
@@ -91,7 +91,7 @@ def test_scaling_table_from_a_rank_sweep(tmp_path):
                 "--out", out)
     assert r.returncode == 0, r.stderr
     assert "weak-scaling efficiency" in r.stdout
-    from commbench.analysis import scaling_table
+    from commbench.analyse.analysis import scaling_table
 
     sc = scaling_table(commbench.load(out))
     assert set(sc.benchmark) == {"all_reduce", "all_to_all", "moe"}

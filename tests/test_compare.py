@@ -1,4 +1,4 @@
-"""commbench.compare: point-by-point verdicts between two runs, from summary statistics
+"""commbench.analyse.compare: point-by-point verdicts between two runs, from summary statistics
 (repeated runs a side: tests/test_compare_runs.py)."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.compare import compare_paths, compare_runs, exit_status, point_ci, print_compare, regressions
-from commbench.results import RunDir, Status
+from commbench.analyse.compare import compare_paths, compare_runs, exit_status, point_ci, print_compare, regressions
+from commbench.store.results import RunDir, Status
 
 SIZES = [1024, 65536, 1 << 20]
 
@@ -165,7 +165,7 @@ def test_in_place_and_out_of_place_are_never_compared_with_each_other():
     each commbench row meets only the import's row of its own placement."""
     from pathlib import Path
 
-    from commbench.importers import import_file
+    from commbench.store.importers import import_file
 
     fix = Path(__file__).parent / "fixtures" / "nccl_all_reduce_8gpu.txt"
     imported, _ = import_file(fix)

@@ -11,10 +11,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.compare import (ONE_RUN_CAVEAT, _pct_text, between_runs, compare_paths, compare_runs, print_compare,
-                               split_sides, summary, t_quantile)
-from commbench.errors import UsageError
-from commbench.results import RunDir, Status
+from commbench.analyse.compare import (ONE_RUN_CAVEAT, _pct_text, between_runs, compare_paths, compare_runs, print_compare, split_sides, summary, t_quantile)
+from commbench.core.errors import UsageError
+from commbench.store.results import RunDir, Status
 from conftest import needs_mpi, run_cli
 
 SIZES = [8 << i for i in range(14)]  # 8 .. 64K, as `run quick --sizes 8:64K`

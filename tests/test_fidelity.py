@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.errors import UsageError
-from commbench.launch import find_mpirun, mpirun_command
+from commbench.core.errors import UsageError
+from commbench.run.launch import find_mpirun, mpirun_command
 from conftest import ROOT, needs_mpi
 
 SRC = ROOT / "tools" / "c_loop.c"

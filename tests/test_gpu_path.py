@@ -6,7 +6,7 @@ import pytest
 
 from commbench import cli
 from commbench.backends import gpus
-from commbench.errors import UsageError
+from commbench.core.errors import UsageError
 from conftest import needs_mpi, run_cli
 
 
@@ -79,8 +79,8 @@ def test_cuda_buffers_on_the_open_mpi_wheel_are_refused_in_one_line(tmp_path):
 
 
 def test_inswitch_baseline_is_chosen_per_backend():
-    from commbench import suite
-    from commbench.variants import plan
+    from commbench.run import suite
+    from commbench.run.variants import plan
 
     cfg = suite.build_config(suite.read_suite("inswitch"))
     caps = {"nvls": True, "collnet": True, "symm_mem": True}
@@ -184,7 +184,7 @@ def test_rows_say_their_placement_and_check_exactly(tmp_path, backend, flag, pla
 def test_report_shows_the_device_time_and_the_host_cost_beside_it(tmp_path):
     """A GPU row's p50 is device time (held batches); its host cost per operation is a
     column of its own, labelled, and an in-place row says so."""
-    from commbench.results import RunDir, Status
+    from commbench.store.results import RunDir, Status
 
     rd = RunDir(tmp_path / "gpu").open({"status": "running"})
     for place, p50 in (("in-place", 0.02), ("out-of-place", 1.1)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commbench import timing
+from commbench.backends import timing
 
 
 class Stream:

@@ -1,4 +1,4 @@
-"""commbench.importers: nccl-tests stdout / -J JSON and OSU stdout into commbench rows."""
+"""commbench.store.importers: nccl-tests stdout / -J JSON and OSU stdout into commbench rows."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commbench.errors import UsageError
-from commbench.importers import detect_format, import_file, write_imported_run
-from commbench.results import ROW_FIELDS, SCHEMA_VERSION, load, load_meta
+from commbench.core.errors import UsageError
+from commbench.store.importers import detect_format, import_file, write_imported_run
+from commbench.store.results import ROW_FIELDS, SCHEMA_VERSION, load, load_meta
 
 from conftest import run_cli
 
@@ -347,7 +347,7 @@ def test_missing_file():
 
 
 def test_import_to_run_merges_files(tmp_path):
-    from commbench.importers import import_to_run
+    from commbench.store.importers import import_to_run
 
     d, rows, meta = import_to_run([FIX / "nccl_all_reduce_8gpu.txt", FIX / "nccl_alltoall_8gpu.txt"],
                                   out=tmp_path / "both")

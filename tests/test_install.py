@@ -59,7 +59,7 @@ def installed(tmp_path_factory):
 @needs_torch
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path):
     py, _ = installed
-    p = _run([py, "-c", "import commbench.suite as s; print(s.__file__); print(s.PACKAGE_SUITES)"], cwd=tmp_path)
+    p = _run([py, "-c", "import commbench.run.suite as s; print(s.__file__); print(s.PACKAGE_SUITES)"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     mod, suites = p.stdout.split()
     venv = py.parent.parent

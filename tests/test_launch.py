@@ -1,4 +1,4 @@
-from commbench.launch import detect, mpirun_command
+from commbench.run.launch import detect, mpirun_command
 
 
 def test_detect_each_launcher():
@@ -31,7 +31,7 @@ def test_say_once_prints_from_the_first_rank_of_a_launch_only(tmp_path, monkeypa
     stay silent and linger, so mpirun cannot cut the printer off by their exit."""
     import time
 
-    from commbench.launch import job_key, say_once
+    from commbench.run.launch import job_key, say_once
 
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
     job = {"PMIX_NAMESPACE": f"prterun-test-{time.time_ns()}", "OMPI_COMM_WORLD_SIZE": "2"}

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from commbench import model as md
-from commbench.errors import UsageError
+from commbench.analyse import model as md
+from commbench.core.errors import UsageError
 from conftest import run_cli
 
 # A GB300-NVL72-like fabric with round numbers: 700 GB/s and 2 us on NVLink, 100 GB/s and

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 import commbench.moe as M
 from commbench.backends import torch_moe as tm
 from commbench.benchmarks.moe_host import regroup_perm, send_order
-from commbench.results import load
+from commbench.store.results import load
 from conftest import run_cli
 
 SMALL = ["--param", "moe.tokens=128", "--param", "moe.hidden=256", "--param", "moe.experts=16",
@@ -200,8 +200,8 @@ def test_device_moe_hooks():
 
 
 def test_moe_is_refused_only_where_it_cannot_run():
-    from commbench import suite
-    from commbench.errors import UsageError
+    from commbench.run import suite
+    from commbench.core.errors import UsageError
 
     cfg = suite.build_config(suite.read_suite("moe"))
     suite.check_backend(cfg, "nccl", "cuda")  # the device path

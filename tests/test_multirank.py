@@ -4,7 +4,7 @@ import json
 import pytest
 
 from commbench.benchmarks import registry
-from commbench.results import ROW_FIELDS, load
+from commbench.store.results import ROW_FIELDS, load
 from conftest import needs_mpi, needs_torch, run_cli
 
 STANDARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "barrier"]

@@ -18,11 +18,11 @@ import pytest
 
 from commbench.backends.base import Comm, Handle
 from commbench.benchmarks.base import Point
-from commbench.compute import Compute, Gemm, calibrate_gemm, gemm_flops
+from commbench.backends.compute import Compute, Gemm, calibrate_gemm, gemm_flops
 from commbench.benchmarks.overlap import (Overlap, OverlapCore, make_schedule, overlap_fields, overlap_imb_pct,
                                           overlap_osu_pct, row_warnings)
-from commbench.runner import Harness
-from commbench.suite import SuiteConfig, build_config, expand, read_suite
+from commbench.run.runner import Harness
+from commbench.run.suite import SuiteConfig, build_config, expand, read_suite
 from conftest import needs_mpi, needs_torch, run_cli
 
 D = 0.020
@@ -481,7 +481,7 @@ FIELDS = ("t_comm_us", "t_compute_us", "t_overall_us", "t_compute_during_us", "o
 
 
 def _run(tmp_path, backend, extra):
-    from commbench.results import load
+    from commbench.store.results import load
 
     out = tmp_path / backend
     p = run_cli("run", "-b", "overlap", "--backend", backend, "--np", 2, "--sizes", "64K,1M", "--check",
@@ -522,7 +522,7 @@ def test_gloo_two_ranks(tmp_path):
 
 @needs_mpi
 def test_check_catches_a_corrupted_bucket(tmp_path):
-    from commbench.results import load
+    from commbench.store.results import load
 
     out = tmp_path / "bad"
     p = run_cli("run", "-b", "overlap_corrupt", "--backend", "mpi", "--np", 2, "--sizes", "64K", "--check",
@@ -611,7 +611,7 @@ def _c_reference(tmp_path):
     import sys
     from pathlib import Path
 
-    from commbench.launch import mpirun_command
+    from commbench.run.launch import mpirun_command
 
     bindir = Path(sys.executable).parent
     mpicc = next((str(p) for p in (bindir / "mpicc",) if p.exists()), None) or shutil.which("mpicc")
@@ -638,7 +638,7 @@ def test_c_reference_agrees(tmp_path):
     """1 MiB on 2 ranks, polls 0 and 8: commbench's OSU overlap within 35 points of the C
     loop's (both are medians of noisy 2-core runs; quiet-host figures: polls 0 0 % vs 1 %,
     polls 8 47 % vs 45 %)."""
-    from commbench.results import load
+    from commbench.store.results import load
 
     ref = _c_reference(tmp_path)
     c = {p: ref(1 << 20, p) for p in (0, 8)}

@@ -1,4 +1,4 @@
-"""commbench.plots + commbench.htmlreport: figures, report.md and a self-contained report.html."""
+"""commbench.report.plots + commbench.report.html: figures, report.md and a self-contained report.html."""
 from __future__ import annotations
 
 import json
@@ -7,15 +7,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commbench.importers import import_file, write_imported_run
-from commbench.results import RunDir, Status, load
+from commbench.store.importers import import_file, write_imported_run
+from commbench.store.results import RunDir, Status, load
 
 from conftest import run_cli
 
 pytest.importorskip("matplotlib")
 
-from commbench import plots  # noqa: E402
-from commbench.htmlreport import chosen_env, write_report  # noqa: E402
+from commbench.report.terminal import plots  # noqa: E402
+from commbench.report.html import chosen_env, write_report  # noqa: E402
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 PNG = b"\x89PNG\r\n\x1a\n"

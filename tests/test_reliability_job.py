@@ -179,7 +179,7 @@ def test_one_writer_per_run_directory(tmp_path):
         assert r.stderr.count("\n") == 1, r.stderr
         r = run_cli("run", "--resume", out, "--np", "2", timeout=60)
         assert r.returncode == 2 and "still running" in r.stderr, r.stderr
-        from commbench.launch import mpirun_command
+        from commbench.run.launch import mpirun_command
 
         cmd = mpirun_command(2, ["run", "quick", "-b", "all_reduce", "--sizes", "8", "--out", str(out)])
         ext = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -201,7 +201,7 @@ def test_np_beyond_the_host_is_refused_up_front(tmp_path):
     assert r.returncode == 2 and "--np 100000: this host runs at most" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1 and time.monotonic() - t0 < 10
     assert not (tmp_path / "run").exists()
-    from commbench.launch import MAX_RANKS_PER_CORE, local_rank_limit
+    from commbench.run.launch import MAX_RANKS_PER_CORE, local_rank_limit
 
     most, why = local_rank_limit()
     assert 1 <= most <= MAX_RANKS_PER_CORE * (os.cpu_count() or 1) and why
@@ -262,7 +262,7 @@ def test_a_disk_that_fills_mid_run_fails_the_run_cleanly_then_resume_finishes(sm
     _, err = p.communicate(timeout=120)
     took = time.monotonic() - t0
     _wait_job_gone(out, 5)
-    from commbench.results import load
+    from commbench.store.results import load
 
     # Each point takes about 250 ms (the calibration target), so 12 are still to come when the
     # disk fills after the second.
@@ -288,7 +288,7 @@ def test_ranks_waiting_outside_a_smaller_world_end_with_it(tmp_path):
     and 4: rank 1 hangs in world 2 while ranks 2 and 3 wait outside it, with no deadline of
     their own. The watchdog's timeout on rank 0 must end them too, and name rank 1 alone:
     ranks 2 and 3, idle outside the world, were not due."""
-    from commbench.launch import free_port
+    from commbench.run.launch import free_port
 
     out = tmp_path / "run"
     port = free_port()
@@ -320,7 +320,7 @@ def test_a_timeout_tells_every_rank_through_a_failure_file(tmp_path, monkeypatch
     """Ranks with no deadline of their own (idle outside a smaller world, behind a partition
     that keeps mpirun from stopping them) learn of another rank's timeout only through its
     failure file: the watchdog writes one before it ends the process."""
-    from commbench import guard as guard_mod
+    from commbench.run import guard as guard_mod
 
     ended = []
     g0 = guard_mod.Guard(0, 4, tmp_path, 3.0, launch="L")
@@ -347,7 +347,7 @@ def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
     (MPI_Finalize behind a lost link): the kernel timer around the teardown ends the process
     anyway. Here the held call is a C sleep through ctypes.pythonapi, which keeps the lock."""
     code = ("import ctypes, sys\n"
-            "from commbench.runner import _teardown_bound\n"
+            "from commbench.run.runner import _teardown_bound\n"
             "libc = ctypes.PyDLL(None)\n"  # PyDLL: the call keeps the interpreter's lock
             "with _teardown_bound(1.0):\n"
             "    libc.sleep(30)\n"
@@ -357,7 +357,7 @@ def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
     took = time.monotonic() - t0
     assert p.returncode == -signal.SIGALRM, (p.returncode, p.stderr)
     assert took < 10, took
-    ok = subprocess.run([sys.executable, "-c", "from commbench.runner import _teardown_bound\n"
+    ok = subprocess.run([sys.executable, "-c", "from commbench.run.runner import _teardown_bound\n"
                          "with _teardown_bound(5.0):\n    pass\nimport time; time.sleep(6)\n"],
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr  # a teardown that returns in time cancels the timer

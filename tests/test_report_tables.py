@@ -1,4 +1,4 @@
-"""Terminal tables (commbench.report): no cell or header ever cut, a compact default with
+"""Terminal tables (commbench.report.terminal): no cell or header ever cut, a compact default with
 every column under --wide, one number format, the weak-scaling table at one size per
 collective, ordered MoE rows, variant and placement columns where rows differ in them,
 and no alpha-beta fit printed over fewer than three sizes."""
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.report import analysis_tables, print_tables, variant_tables
-from commbench.viewkit import num
+from commbench.report.terminal import analysis_tables, print_tables, variant_tables
+from commbench.report.viewkit import num
 
 WORLDS = (2, 4)
 SIZES = [8 << i for i in range(20)]  # 8 B .. 4 MiB, as the quick suite
@@ -163,7 +163,7 @@ def test_a_fit_needs_three_sizes():
 
 
 def test_wide_flag_on_report(tmp_path):
-    from commbench.results import RunDir, Status
+    from commbench.store.results import RunDir, Status
 
     from conftest import run_cli
 

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from commbench.errors import UsageError
-from commbench.results import (ROW_FIELDS, SCHEMA_VERSION, RunDir, Status, load, normalize_row, overall_status,
-                               params_dict, point_key, read_rows)
+from commbench.core.errors import UsageError
+from commbench.store.results import (ROW_FIELDS, SCHEMA_VERSION, RunDir, Status, load, normalize_row, overall_status, params_dict, point_key, read_rows)
 
 
 def test_point_key_is_stable_and_orders_params():

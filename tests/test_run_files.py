@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from commbench.results import RunDir, Status, load, read_rows_checked
+from commbench.store.results import RunDir, Status, load, read_rows_checked
 from conftest import run_cli
 
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.errors import UsageError
-from commbench.suite import build_config, expand, list_suites, read_suite, resolve_worlds
+from commbench.core.errors import UsageError
+from commbench.run.suite import build_config, expand, list_suites, read_suite, resolve_worlds
 
 F32 = ("float32", "float16", "int32")
 
@@ -88,7 +88,7 @@ def test_impossible_sweeps(kw, msg):
 def test_keys_come_from_the_config_fields():
     from dataclasses import fields
 
-    from commbench.suite import SuiteConfig, suite_keys
+    from commbench.run.suite import SuiteConfig, suite_keys
 
     keys = suite_keys()
     assert "variant" in keys and "variant_defs" not in keys and "name" not in keys
@@ -139,7 +139,7 @@ def test_cli_params_merge_into_the_suite_ones():
 # --- variant planning: pure, so the GPU cases need no GPU -------------------------------
 
 def test_inswitch_baseline_is_the_ring_of_the_backend_that_runs():
-    from commbench.variants import plan
+    from commbench.run.variants import plan
 
     inswitch = build_config(read_suite("inswitch"))
     on_nccl = plan(inswitch, "nccl", "cuda", caps={"nvls": True, "collnet": True, "symm_mem": True})
@@ -155,7 +155,7 @@ def test_inswitch_baseline_is_the_ring_of_the_backend_that_runs():
 
 
 def test_a_baseline_that_cannot_run_here_gives_way_and_says_so():
-    from commbench.variants import plan
+    from commbench.run.variants import plan
 
     c = cfg(variants=["default", "nccl-ring", "ompi-ring"], baseline="ompi-ring")
     p = plan(c, "nccl", "cuda")
@@ -164,7 +164,7 @@ def test_a_baseline_that_cannot_run_here_gives_way_and_says_so():
 
 
 def test_one_requested_variant_may_be_a_builtin_the_suite_does_not_list():
-    from commbench.variants import plan
+    from commbench.run.variants import plan
 
     p = plan(cfg(), "mpi", "cpu", requested="ompi-linear", mpi_flavor="Open MPI")
     assert p.names == ["ompi-linear"] and not p.skipped
@@ -180,7 +180,7 @@ def test_one_requested_variant_may_be_a_builtin_the_suite_does_not_list():
 # --- where suites are found -------------------------------------------------------------
 
 def test_suites_ship_in_the_package_and_user_ones_come_first(tmp_path, monkeypatch):
-    from commbench import suite
+    from commbench.run import suite
 
     assert (suite.PACKAGE_SUITES / "quick.toml").is_file() and suite.PACKAGE_SUITES.parent.name == "commbench"
     monkeypatch.chdir(tmp_path)
@@ -217,7 +217,7 @@ def test_default_backend_is_never_one_that_does_not_work(monkeypatch):
 
 
 def test_a_benchmark_named_twice_runs_once():
-    from commbench import suite
+    from commbench.run import suite
 
     cfg = suite.build_config(suite.read_suite("quick"), {"benchmarks": ["all_reduce", "all_gather", "all_reduce"]})
     assert cfg.benchmarks == ("all_reduce", "all_gather")

@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from commbench import timing
+from commbench.backends import timing
 from conftest import ROOT, needs_torch, run_cli
 
 
@@ -374,7 +374,7 @@ no_gpu = pytest.mark.skipif(HAS_CUDA, reason="checks the GPU-less behaviour")
 @needs_torch
 @no_gpu
 def test_hbm_probe_refuses_without_cuda():
-    from commbench.gpuprobe import hbm_copy_gbps
+    from commbench.backends.gpuprobe import hbm_copy_gbps
 
     with pytest.raises(RuntimeError, match="CUDA"):
         hbm_copy_gbps(1 << 20, 2)
@@ -461,7 +461,7 @@ def test_nccl_world1_cuda_graph_beats_events_on_small_messages(tmp_path):
 
 @needs_gpu
 def test_hbm_probe_on_gpu():
-    from commbench.gpuprobe import hbm_copy_gbps
+    from commbench.backends.gpuprobe import hbm_copy_gbps
 
     assert hbm_copy_gbps(64 << 20, 5) > 10.0
 

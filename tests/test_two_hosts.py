@@ -186,8 +186,8 @@ def test_gloo_rendezvous_address_no_host_has_is_one_line_and_quick(hosts, tmp_pa
     # Started the torchrun way (no MPI to agree over), each rank tries the address itself
     # before init_process_group: the same address fails as fast, with a one-line reason.
     t0 = time.monotonic()
-    p = _in_ns(hosts.hosts[1], "from commbench.rendezvous import check_master_reachable\n"
-                               "from commbench.errors import UsageError\n"
+    p = _in_ns(hosts.hosts[1], "from commbench.backends.rendezvous import check_master_reachable\n"
+                               "from commbench.core.errors import UsageError\n"
                                "try: check_master_reachable('127.0.0.1', 1)\n"  # refused: there, not listening
                                "except UsageError as e: print('refused counted as unreachable:', e)\n"
                                f"try: check_master_reachable('{NOBODY}', 29500)\n"
@@ -216,8 +216,8 @@ def test_agree_master_takes_the_first_address_every_rank_reached(monkeypatch):
     """Rank 0 offers its addresses in order; the first one that every rank reached (with rank
     0's token) wins; none reached by all is a UsageError naming who failed where. Loopback
     addresses only: nothing leaves this machine."""
-    from commbench import rendezvous as rdv
-    from commbench.errors import UsageError
+    from commbench.backends import rendezvous as rdv
+    from commbench.core.errors import UsageError
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -283,8 +283,8 @@ def test_fit_over_a_rate_limited_delayed_link_recovers_its_rate_and_delay(tmp_pa
     the --nic-gbps ceiling (scale-out tier, % of ceiling from busbw) and the alpha-beta fit
     of their p50s must find twohosts.link_model: alpha = 4 one-way delays, bandwidth = the
     payload rate."""
-    from commbench.analysis import fit_table
-    from commbench.results import load
+    from commbench.analyse.analysis import fit_table
+    from commbench.store.results import load
 
     want = twohosts.link_model(RATE_MBIT, DELAY_MS)
     for attempt in range(1, FIT_ATTEMPTS + 1):

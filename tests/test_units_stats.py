@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from commbench.errors import UsageError
-from commbench.stats import bandwidths_gbps, calibrate_iters, summarize_us
-from commbench.units import fmt_size, parse_size, parse_sizes_arg, size_range
+from commbench.core.errors import UsageError
+from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
+from commbench.core.units import fmt_size, parse_size, parse_sizes_arg, size_range
 
 
 @pytest.mark.parametrize("text,want", [("8", 8), ("4K", 4096), ("4M", 4 << 20), ("1G", 1 << 30),

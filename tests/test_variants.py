@@ -8,12 +8,10 @@ import subprocess
 import pytest
 
 import commbench
-from commbench import launch
-from commbench.errors import UsageError
-from commbench.runner import overall_status
-from commbench.variants import (BUILTIN, crossover_nbytes, nccl_algorithms, ompi_selected_component,
-                                parse_suite_variants, pick_baseline, requested_ompi_component, resolve, unavailable,
-                                wire_gbps)
+from commbench.run import launch
+from commbench.core.errors import UsageError
+from commbench.run.runner import overall_status
+from commbench.run.variants import (BUILTIN, crossover_nbytes, nccl_algorithms, ompi_selected_component, parse_suite_variants, pick_baseline, requested_ompi_component, resolve, unavailable, wire_gbps)
 from conftest import ROOT, needs_mpi, run_cli
 
 

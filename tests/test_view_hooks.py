@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.analysis import fit_table, scaling_table
+from commbench.analyse.analysis import fit_table, scaling_table
 from commbench.benchmarks.base import for_rows
-from commbench.report import print_tables
-from commbench.results import RunDir, Status
+from commbench.report.terminal import print_tables
+from commbench.store.results import RunDir, Status
 
 from conftest import run_cli
 

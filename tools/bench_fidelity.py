@@ -83,7 +83,7 @@ def _numpy_hugepage(enabled: bool):
 
 
 def parse_sizes(text: str) -> list[int]:
-    from commbench.units import parse_size, parse_sizes_arg, size_range
+    from commbench.core.units import parse_size, parse_sizes_arg, size_range
 
     spec = parse_sizes_arg(text)
     if isinstance(spec, dict):
@@ -120,8 +120,8 @@ def bare_mpi4py(comm, op: str, method: str, nbytes: int, iters: int, warmup: int
 
 def commbench_row(cb, op: str, method: str, nbytes: int, min_time_ms: float) -> dict:
     from commbench.benchmarks import Point, get
-    from commbench.runner import Harness
-    from commbench.suite import build_config
+    from commbench.run.runner import Harness
+    from commbench.run.suite import build_config
 
     bench = get(op)
     point = Point(op, cb.size, "float32", nbytes)
@@ -226,7 +226,7 @@ def main(argv=None):
     w = (10, 12, 6, 10, 10, 10, 10, 6, 6, 6, 4)
     print("  ".join(h.rjust(x) if i > 2 else h.ljust(x) for i, (h, x) in enumerate(zip(hdr, w))))
     misses = 0
-    from commbench.units import fmt_size
+    from commbench.core.units import fmt_size
 
     for key in keys:
         o, m, nb = key

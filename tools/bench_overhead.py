@@ -27,8 +27,8 @@ def main():
 
     from commbench.backends.mpi import MpiComm
     from commbench.benchmarks import Point, get
-    from commbench.runner import Harness
-    from commbench.suite import build_config
+    from commbench.run.runner import Harness
+    from commbench.run.suite import build_config
 
     comm = MPI.COMM_WORLD
     count = args.nbytes // 4

@@ -18,7 +18,7 @@ PASS, SKIP (with why) or FAIL (with a one-line reason) without stopping the othe
   inswitch      the inswitch suite on nccl (its baseline is nccl-ring there)
   moe           moe at world 1 on nccl, checks on
   overlap       the overlap benchmark (collective beside a GPU matrix multiply), if built
-  hbm           device-to-device copy bandwidth (commbench.gpuprobe) beside h200-hgx's HBM
+  hbm           device-to-device copy bandwidth (commbench.backends.gpuprobe) beside h200-hgx's HBM
 
 Then the figures beside nccl-tests' on the same H200 (shared/reference/gpu-h200.md), as
 ratios, with the targets they must meet. Each step's output is kept in DIR/<step>.log,
@@ -317,7 +317,7 @@ class Check:
         return f"{len(rows)} rows"
 
     def step_hbm(self) -> str:
-        code = ("import json; from commbench.gpuprobe import hbm_copy_gbps; from commbench.ceilings import "
+        code = ("import json; from commbench.backends.gpuprobe import hbm_copy_gbps; from commbench.analyse.ceilings import "
                 "load_profile; print(json.dumps({'copy_gbps': hbm_copy_gbps(), "
                 "'h200_hbm_gbps': load_profile('h200-hgx').hbm_gbps}))")
         cp = run_cmd([sys.executable, "-c", code], self.out / "hbm.log", self.timeout)

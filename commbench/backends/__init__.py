@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 
 # name -> (module, class, device)
 BACKENDS = {

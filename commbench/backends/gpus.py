@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 
 
 def visible_gpus(proc_dir: str = "/proc/driver/nvidia/gpus") -> int:
@@ -96,13 +96,13 @@ def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool)
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
     an MPI that takes them."""
     if backend == "nccl":
-        from ..launch import detect, local_ranks
+        from commbench.run.launch import detect, local_ranks
 
         visible = visible_gpus()
         if visible:  # none: backends.availability says so
             check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
     if backend == "mpi" and device == "cuda":
-        from ..launch import find_mpirun
+        from commbench.run.launch import find_mpirun
 
         try:
             bindir = os.path.dirname(find_mpirun())

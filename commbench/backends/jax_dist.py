@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 from .base import Comm, Handle
 
 AXIS = "ranks"  # the mesh axis every collective names
@@ -442,7 +442,7 @@ class JaxBackend:
         given = os.environ.get("COMMBENCH_JAX_COORDINATOR")
         if given:
             return given
-        from ..launch import prepare_torch_env
+        from commbench.run.launch import prepare_torch_env
 
         prepare_torch_env(info)
         for key in ("MASTER_ADDR", "MASTER_PORT"):
@@ -451,7 +451,7 @@ class JaxBackend:
                                  f"sets it), or COMMBENCH_JAX_COORDINATOR=host:port")
         port = int(os.environ["MASTER_PORT"]) + (1 if os.environ.get("TORCHELASTIC_RUN_ID") else 0)
         if info.world > 1:  # the torch backends' check: an address a rank cannot reach is one line, at once
-            from ..rendezvous import prepare_rendezvous
+            from commbench.backends.rendezvous import prepare_rendezvous
 
             prepare_rendezvous(os.environ["MASTER_ADDR"], str(port))
         return f"{os.environ['MASTER_ADDR']}:{port}"

@@ -6,7 +6,7 @@ import mmap
 
 import numpy as np
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 from .base import Comm, Handle, RowsExchange
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
@@ -212,7 +212,7 @@ class MpiComm(Comm):
 
     def time_ops(self, op, iters, barrier_each=False, per_op_events=False):
         """CPU: the host clock (Comm.time_ops). cupy buffers: cupy CUDA events recorded on
-        the current stream around each call (commbench.timing.time_with_events). The MPI
+        the current stream around each call (commbench.backends.timing.time_with_events). The MPI
         call blocks the host, and a CUDA-aware MPI moves device data on its own streams
         before returning; the end event is enqueued only after the call (and the stream
         synchronize each prepared op ends with) returns. So a sample spans, on the GPU's
@@ -221,7 +221,7 @@ class MpiComm(Comm):
         blocking MPI call cannot be enqueued behind a stream hold (timing.time_held)."""
         if self.xp is None:
             return super().time_ops(op, iters, barrier_each)
-        from ..timing import time_with_events
+        from commbench.backends.timing import time_with_events
 
         cuda = self.xp.cuda
         return time_with_events(op, iters, cuda.Event, cuda.get_current_stream().synchronize,
@@ -232,7 +232,7 @@ class MpiComm(Comm):
         the blocking MPI calls' host time is inside them, and no hold can cover them)."""
         if self.xp is None:
             return super().time_steps(step, iters, nlaps, barrier_each)
-        from ..timing import time_steps_with_events
+        from commbench.backends.timing import time_steps_with_events
 
         cuda = self.xp.cuda
         return time_steps_with_events(step, iters, nlaps, cuda.Event, cuda.get_current_stream().synchronize,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..units import INT_MAX
+from commbench.core.units import INT_MAX
 
 SOURCE = r"""
 #include <mpi.h>

@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import numpy as np
 
-from ..errors import UsageError
-from ..timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
+from commbench.core.errors import UsageError
+from commbench.backends.timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
 from .base import Comm, Handle
 
 
@@ -235,8 +235,8 @@ class TorchComm(Comm):
 
     def _holds(self):
         if self._hold_factory is None:
-            from ..gpuhold import make_holds
-            from ..timing import NoHold
+            from commbench.backends.gpuhold import make_holds
+            from commbench.backends.timing import NoHold
 
             # COMMBENCH_NO_HOLD=1: events on an idle stream, as before holds (a diagnostic:
             # it shows what the host's launch cost does to the samples; rows say unheld).
@@ -258,7 +258,7 @@ class TorchComm(Comm):
         (only for steps that never wait for the device on the host)."""
         if self.device != "cuda":
             return super().time_steps(step, iters, nlaps, barrier_each)
-        from ..timing import time_steps_with_events
+        from commbench.backends.timing import time_steps_with_events
 
         between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
         kw = {"hold": self._holds(), "meet": self._meet} if hold else {}
@@ -316,7 +316,7 @@ class TorchBackend:
             if key not in os.environ:
                 raise UsageError(f"backend {self.name} needs {key} (torchrun sets it; commbench run --np sets it)")
         if launch.world > 1:
-            from ..rendezvous import prepare_rendezvous
+            from commbench.backends.rendezvous import prepare_rendezvous
 
             prepare_rendezvous(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
         kwargs = {}

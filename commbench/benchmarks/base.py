@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import UsageError
-from ..units import DTYPE_NBYTES
+from commbench.core.errors import UsageError
+from commbench.core.units import DTYPE_NBYTES
 
 # Largest integer each dtype holds exactly: check data stays below it so results compare exactly.
 EXACT_INT_LIMIT = {"float32": 1 << 24, "bfloat16": 256, "float16": 2048, "int32": 1 << 31,
@@ -203,7 +203,7 @@ class Benchmark:
     # benchmark with its own row layout (moe, overlap) overrides them. Rows that no
     # registered benchmark claims (an imported nccl-tests gather) get the defaults through
     # for_rows(). The building blocks (tables, Section, FigureInfo, figure helpers) are in
-    # commbench.viewkit.
+    # commbench.report.viewkit.
 
     # Each row times one operation moving S bytes, so busbw, the by-size table and figures,
     # alpha-beta fits, variant and in-switch comparisons and busbw scaling apply.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import moe as M
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 from .base import Benchmark, Param, Traffic, register
 from .moe_host import HEADER, EnginePath, HostPath, _no_lap, regroup_perm, send_order
 
@@ -163,27 +163,27 @@ class MoE(Benchmark):
     collective_rows = False  # two stages of a routed all-to-all whose bytes follow the routing
 
     def describe(self, params):
-        from .moe_view import shape
+        from commbench.report.moe_view import shape
 
         return shape(params)
 
     def tables(self, rows, plain):
-        from .moe_view import terminal_table
+        from commbench.report.moe_view import terminal_table
 
         return [terminal_table(rows, plain)]
 
     def figures(self, rows, out_dir):
-        from .moe_view import figures
+        from commbench.report.moe_view import figures
 
         return figures(rows, out_dir, self.name)
 
     def report_sections(self, rows, figures):
-        from .moe_view import section
+        from commbench.report.moe_view import section
 
         return [section(rows, figures)]
 
     def scaling_metric(self, rows):
-        from .moe_view import scaling_metric
+        from commbench.report.moe_view import scaling_metric
 
         return scaling_metric(rows)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import moe as M
-from ..errors import UsageError
-from ..units import INT_MAX
+from commbench.core.errors import UsageError
+from commbench.core.units import INT_MAX
 
 HEADER = 8  # bytes at the start of each dispatched row: int32 source rank, int32 token index
 

@@ -43,8 +43,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..compute import Compute, Gemm, calibrate_gemm, set_compute_threads
-from ..errors import UsageError
+from commbench.backends.compute import Compute, Gemm, calibrate_gemm, set_compute_threads
+from commbench.core.errors import UsageError
 from .base import Benchmark, Param, Point, Traffic, equal_chunked, fill_chunked, pattern_run, register
 
 MODES = ("single", "sequence")
@@ -371,17 +371,17 @@ class Overlap(Benchmark):
     collective_rows = False  # a row's time is start + compute + wait, not one collective's
 
     def tables(self, rows, plain):
-        from .overlap_view import terminal_table
+        from commbench.report.overlap_view import terminal_table
 
         return [terminal_table(rows, plain)]
 
     def figures(self, rows, out_dir):
-        from .overlap_view import figure
+        from commbench.report.overlap_view import figure
 
         return [f for f in (figure(rows, out_dir, self.name),) if f is not None]
 
     def report_sections(self, rows, figures):
-        from .overlap_view import section
+        from commbench.report.overlap_view import section
 
         return [section(rows, figures)]
 

@@ -3,7 +3,7 @@ presentation hooks alone: `commbench report` and report.html show them with no e
 anywhere else."""
 from commbench.benchmarks.base import register
 from commbench.benchmarks.collectives import AllReduce
-from commbench.viewkit import FigureInfo, Section, fmt, new_figure, save_figure, table
+from commbench.report.viewkit import FigureInfo, Section, fmt, new_figure, save_figure, table
 
 TITLE = "echo: p50 by world (view plugin)"
 CAPTION = "drawn by the view plugin's own hooks"

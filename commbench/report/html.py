@@ -10,10 +10,10 @@ import math
 import time
 from pathlib import Path
 
-from .analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
-from .report import METRIC_NAMES, own_metrics_caption
-from .results import params_dict
-from .units import fmt_size
+from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
+from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
+from commbench.store.results import params_dict
+from commbench.core.units import fmt_size
 from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
 
 # Variables a launcher sets for every job: not a setting anybody chose.
@@ -40,7 +40,7 @@ def _run_name(p) -> str:
 
 def _rejudge(df, metas: dict, profile):
     """Every row's ceiling fields against `profile`, with each run's node map."""
-    from .report import rejudge_rows
+    from commbench.report.terminal import rejudge_rows
 
     return rejudge_rows(df, {run: (m or {}).get("nodes") for run, m in metas.items()}, profile)
 
@@ -327,7 +327,7 @@ def variant_sections(df, skipped: dict) -> list[Section]:
     """What the terminal prints after a variants run: the skipped variants, each group's
     side-by-side table and each variant's verdict against the baseline; the verdicts and
     the skipped ones are summary findings too."""
-    from .report import variant_comparisons
+    from commbench.report.terminal import variant_comparisons
 
     comps = variant_comparisons(df) if "variant" in df.columns else []
     if not comps and not skipped:
@@ -498,9 +498,9 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
     [legend labels]}, "notes": [str], "drawn": {name: viewkit.FigureInfo (with .figure,
     the matplotlib Figure)}, "findings": [viewkit.Finding]}.
     """
-    from .errors import UsageError
-    from .report import skipped_variants
-    from .results import load, load_meta
+    from commbench.core.errors import UsageError
+    from commbench.report.terminal import skipped_variants
+    from commbench.store.results import load, load_meta
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -514,7 +514,7 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         raise UsageError(f"{', '.join(map(str, paths))}: no rows to report")
     if profile is not None:
         if not hasattr(profile, "scaleup_line_gbps"):
-            from .ceilings import load_profile
+            from commbench.analyse.ceilings import load_profile
 
             profile = load_profile(profile)
         df = _rejudge(df, metas, profile)

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import backends, launch, suite as suite_mod
-from .benchmarks import get
-from .report import stdout_is_tty
-from .results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
-from .stats import bandwidths_gbps, calibrate_iters, summarize_us
-from .units import fmt_size
+from commbench import backends
+from commbench.run import launch, suite as suite_mod
+from commbench.benchmarks import get
+from commbench.report.terminal import stdout_is_tty
+from commbench.store.results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
+from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
+from commbench.core.units import fmt_size
 
 
 PROBE_BUDGET_S = 30.0
@@ -270,7 +271,8 @@ def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
 def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str]):
     """The profile rows are compared with (collective: the loopback one is measured here).
     Returns (profile or None, meta dict)."""
-    from . import ceilings, probe
+    from commbench.analyse import ceilings
+    from commbench.backends import probe
 
     name = cfg.profile or default_profile_name(device, gpu_names)
     if name is None:
@@ -334,7 +336,7 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
 def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
     """This rank's run ends on e: say it in one line, keep the finished rows, mark the run,
     tell the other ranks (they stop now, not at the watchdog), then end the process."""
-    from .errors import RunFailed
+    from commbench.core.errors import RunFailed
 
     ctx.guard.disarm()
     status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
@@ -391,7 +393,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     prior = (RunDir(out_dir).read_meta().get("ceilings") if world.rank == 0 and reuse_ceiling else None)
     prior = world.allgather_obj(prior)[0]
     if prior and prior.get("fields"):
-        from . import ceilings
+        from commbench.analyse import ceilings
 
         fields = {k: v for k, v in prior["fields"].items() if k in ceilings.Profile.__dataclass_fields__}
         profile = ceilings.Profile(**fields)
@@ -406,8 +408,8 @@ def _lock_run_dir(world, out_dir):
     """Rank 0 takes the run directory's lock unless its own launcher holds it (`run --np`);
     every rank learns the outcome, so a directory another run is writing is refused by all
     ranks at once, before anything is written."""
-    from .errors import UsageError
-    from .results import RunLock, held_by_my_launcher
+    from commbench.core.errors import UsageError
+    from commbench.store.results import RunLock, held_by_my_launcher
 
     lock, why = None, None
     if world.rank == 0 and not held_by_my_launcher(out_dir):
@@ -451,7 +453,7 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                          "profile_overrides": profile_overrides or {}})
             meta["versions"].update(backend.versions())
             if ctx.backend_name == "mpi" and backend.device == "cpu":
-                from .backends import mpi_timeloop
+                from commbench.backends import mpi_timeloop
 
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
@@ -519,7 +521,7 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
         rd.finish(overall_status(rd.meta["variants"]),
                   f"{len(failed)} point(s) failed the data check" if failed else None)
-        from .report import analysis_tables, print_tables
+        from commbench.report.terminal import analysis_tables, print_tables
 
         print_tables(rows)
         analysis_tables(rows)
@@ -568,7 +570,7 @@ def _teardown_bound(limit_s: float):
 
 def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
     """The row's tier, ceiling and % of it (ceilings.ceiling_for_row), under the profile's name."""
-    from . import ceilings
+    from commbench.analyse import ceilings
 
     if profile is None:
         row.update({k: None for k in ceilings.CEILING_KEYS}, profile=None)

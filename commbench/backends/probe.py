@@ -34,7 +34,7 @@ def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = 3) -> floa
     """One core's copy rate in bytes copied per second (GB/s), best of `repeats` timings of
     back-to-back copies: the figure a single-copy transport is bounded by. (A STREAM copy
     figure counts read + write, twice this.)"""
-    from .backends.mpi import aligned_empty
+    from commbench.backends.mpi import aligned_empty
 
     n = max(int(nbytes), 4096)
     src, dst = aligned_empty(n, np.uint8), aligned_empty(n, np.uint8)

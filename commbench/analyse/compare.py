@@ -305,7 +305,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     import pandas as pd
 
     if not threshold_pct >= 0:
-        from .errors import UsageError
+        from commbench.core.errors import UsageError
 
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
     b, n = _sides(base_df), _sides(new_df)
@@ -425,9 +425,9 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     `--wide`) keeps them all."""
     from rich.markup import escape
 
-    from . import report
-    from .units import fmt_size
-    from .viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
+    from commbench import report
+    from commbench.core.units import fmt_size
+    from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
 
     console = console or report._console()
     wide = report._WIDE if wide is None else wide
@@ -526,7 +526,7 @@ def _f(v) -> str:
 def _refuse_duplicates(df) -> None:
     """A point twice in one run (two writers, or a resume that raced a running run) has no
     one time to compare: say which, rather than guess. Repeated runs on one side are fine."""
-    from .errors import UsageError
+    from commbench.core.errors import UsageError
 
     if df.empty or "point_key" not in df.columns:
         return
@@ -544,8 +544,8 @@ def _load_side(paths, name: str):
 
     import pandas as pd
 
-    from .errors import UsageError
-    from .results import load
+    from commbench.core.errors import UsageError
+    from commbench.store.results import load
 
     if not paths:
         raise UsageError(f"no run given for the {name} side")
@@ -587,7 +587,7 @@ def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str
     argparse drops the `--` from the positionals (and, by Python version, one or all of
     them), so the new side is read from argv: every word after the first `--` (argv is
     the command line argparse parsed, runs its positionals)."""
-    from .errors import UsageError
+    from commbench.core.errors import UsageError
 
     forms = "give BASE NEW, A1 A2 ... -- B1 B2 ..., or --base A1 A2 ... --new B1 B2 ..."
     runs = list(runs or [])

@@ -63,7 +63,7 @@ def is_inswitch(row) -> bool:
 def benchmark_of(row):
     """The row's benchmark from the registry; the base Benchmark (ring-like defaults) for
     a name it does not know."""
-    from .benchmarks import Benchmark, registry
+    from commbench.benchmarks import Benchmark, registry
 
     return registry().get(row.get("benchmark")) or Benchmark()
 

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .results import params_dict
-from .units import fmt_size
+from commbench.store.results import params_dict
+from commbench.core.units import fmt_size
 
 DPI = 110
 

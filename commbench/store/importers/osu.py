@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import UsageError
-from ..stats import bandwidths_gbps
+from commbench.core.errors import UsageError
+from commbench.core.stats import bandwidths_gbps
 from .rows import benchmark_name, busbw_factor, err, fnum, make_row, run_meta
 
 _MPI_DTYPES = {"MPI_CHAR": "uint8", "MPI_BYTE": "uint8", "MPI_SIGNED_CHAR": "int8", "MPI_UNSIGNED_CHAR": "uint8",
@@ -215,7 +215,7 @@ def _overlap_fields(pure: float, compute: float | None, overall: float, osu_pct:
     OSU's Compute(us) is the compute time measured WHILE the collective was in flight
     (less its MPI_Test calls); it does not time the compute alone, so compute_slowdown
     stays None."""
-    from ..benchmarks.overlap import overlap_imb_pct
+    from commbench.benchmarks.overlap import overlap_imb_pct
 
     out = {"t_comm_us": pure, "t_compute_us": compute, "t_overall_us": overall, "t_compute_during_us": compute,
            "overlap_osu_pct": osu_pct, "overlap_imb_pct": None, "compute_slowdown": None, "exposed_us": None,

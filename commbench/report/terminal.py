@@ -5,8 +5,8 @@ import json
 import os
 import sys
 
-from .analysis import presenters
-from .units import fmt_size
+from commbench.analyse.analysis import presenters
+from commbench.core.units import fmt_size
 from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
 
 
@@ -37,7 +37,7 @@ def _console():
 def print_tables(rows, console=None, wide: bool | None = None) -> None:
     """Each benchmark's tables (Benchmark.tables); by default one table per benchmark:
     size, p50, p99, algbw, busbw, check. No table cuts a number (viewkit.print_table)."""
-    from .benchmarks.base import for_rows
+    from commbench.benchmarks.base import for_rows
 
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
@@ -146,7 +146,7 @@ def _scaling_rows(sc, wide: bool):
     """The weak-scaling rows to show, in order: every size with --wide, else each sized
     group at its largest size measured at several worlds (the size nearest the link's
     rate; busbw at small sizes is latency, not bandwidth)."""
-    from .analysis import largest_size
+    from commbench.analyse.analysis import largest_size
 
     shown = sc if wide else largest_size(sc)
     views = presenters(shown)
@@ -171,7 +171,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     """Scaling efficiency over rank counts, and the alpha-beta fit over sizes."""
     import pandas as pd
 
-    from .analysis import MIN_FIT_SIZES, fit_table, scaling_table
+    from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
     if df.empty:
@@ -243,7 +243,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
 
 
 def report_runs(paths, profile=None) -> None:
-    from .results import load, load_meta
+    from commbench.store.results import load, load_meta
 
     for p in paths:
         meta = load_meta(p)
@@ -266,7 +266,7 @@ def rejudge(df, paths, profile):
     """Recompute every row's ceiling fields against `profile`, with each run's node map."""
     from pathlib import Path
 
-    from .results import load_meta
+    from commbench.store.results import load_meta
 
     nodes = {(Path(p).name if Path(p).is_dir() else Path(p).parent.name): (load_meta(p) or {}).get("nodes")
              for p in paths}
@@ -277,7 +277,7 @@ def rejudge_rows(df, nodes: dict, profile):
     """rejudge with the node map of each run given (run name -> node of each rank)."""
     import pandas as pd
 
-    from .ceilings import ceiling_for_row
+    from commbench.analyse.ceilings import ceiling_for_row
 
     out = []
     for r in df.to_dict("records"):
@@ -304,7 +304,7 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
     [(header, level)] (the terminal's: one "busbw" per variant), headers (each named with
     its variant), rows (text cells), lines (the verdict of each variant, text) and
     verdicts [(variant, best speedup, its size, crossover size or None)]."""
-    from .variants import crossover_nbytes, pick_baseline, wire_gbps
+    from commbench.run.variants import crossover_nbytes, pick_baseline, wire_gbps
 
     if df.empty or "variant" not in df:
         return []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from .errors import UsageError
+from commbench.core.errors import UsageError
 
 # GB/s per unit. Lower-case b is bits, upper-case B bytes; "Gbps" is how NICs are sold.
 _UNIT_GBPS = {

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..units import fmt_size
-from ..viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, labeler,
-                       legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
+from commbench.core.units import fmt_size
+from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, labeler, legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
 
 
 def _us(v) -> str:

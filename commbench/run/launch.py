@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
+from commbench.core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def prepare_torch_env(info: LaunchInfo) -> None:
     if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
         from mpi4py import MPI
 
-        from .rendezvous import agree_master
+        from commbench.backends.rendezvous import agree_master
 
         # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
         addr, port = agree_master(MPI.COMM_WORLD, info.rank)
@@ -256,7 +256,7 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
             signal.signal(sig, h)
     interrupted = status == 130
     if out_dir:
-        from .results import RunDir
+        from commbench.store.results import RunDir
 
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
         RunDir(out_dir).settle(status, interrupted or bool(got), why)
@@ -325,7 +325,7 @@ def _wait_job(procs, got: list[int], out_dir=None) -> int:
             if drain_at is not None and stop_at is None and time.monotonic() > drain_at:
                 why = f"ranks had not exited {max(GRACE_S, timeout_s):g} s after the run was marked: stopped"
                 print(f"commbench: error: {why}", file=sys.stderr, flush=True)
-                from .results import RunDir
+                from commbench.store.results import RunDir
 
                 RunDir(out_dir).note_teardown(why)
                 status = status or EXIT_TEARDOWN_HUNG

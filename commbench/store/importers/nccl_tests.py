@@ -343,7 +343,7 @@ def _iter_stats(obj) -> dict | None:
     if isinstance(times, list) and times:
         import numpy as np
 
-        from ..stats import summarize_us
+        from commbench.core.stats import summarize_us
 
         t = np.array([_jnum(x) for x in times], dtype=np.float64)
         t = t[np.isfinite(t)]

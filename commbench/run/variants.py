@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from commbench.core.errors import UsageError
 
 _OMPI_DYN = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1"}
 
@@ -84,7 +84,7 @@ KNOWN_REQUIRES = {"cuda", "nvls", "collnet", "symm_mem", "mpich", "openmpi"}
 
 def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
     """[variant.NAME] tables of a suite file."""
-    from .backends import BACKENDS
+    from commbench.backends import BACKENDS
 
     if not isinstance(table, dict):
         raise UsageError(f"{where}: 'variant' must be a table of [variant.NAME] tables")

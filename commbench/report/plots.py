@@ -1,5 +1,5 @@
 """Report figures (PNG) from measured or imported rows. matplotlib is optional and
-imported lazily (commbench.viewkit draws without pyplot).
+imported lazily (commbench.report.viewkit draws without pyplot).
 
 make_figures(df, out_dir, profile=None) draws each figure only when its data exists and
 returns {name: FigureInfo (path, title, caption, series labels)}: each benchmark's own
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .analysis import collective_mask, largest_size, params_key, presenters, scaling_table
-from .report import own_metrics_caption
-from .results import params_dict
-from .units import fmt_size
+from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
+from commbench.report.terminal import own_metrics_caption
+from commbench.store.results import params_dict
+from commbench.core.units import fmt_size
 from .viewkit import (FigureInfo, capturing, int_log2_axis, labeler, legend_beside, new_figure, save_figure, size_axis,
                       text)
 
@@ -241,7 +241,7 @@ def _is_baseline(variant: str) -> int | None:
 def fig_inswitch(d, out_dir: Path) -> FigureInfo | None:
     if "variant" not in d.columns:
         return None
-    from .ceilings import is_inswitch
+    from commbench.analyse.ceilings import is_inswitch
 
     flag = d.apply(is_inswitch, axis=1).astype(bool)
     sized = collective_mask(d)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 from .nccl_tests import parse_nccl_json, parse_nccl_stdout
 from .osu import OSU_TITLE_RE, parse_osu
 from .rows import SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, write_imported_run

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from .errors import UsageError
-from .results import params_dict
+from commbench.core.errors import UsageError
+from commbench.store.results import params_dict
 
 # Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one
 # size (nccl-tests' two columns) are different points: placement is a key of its own.
@@ -121,7 +121,7 @@ def params_key(params) -> str:
 
 def presenters(df) -> dict:
     """benchmark name -> the Benchmark whose hooks present its rows (benchmarks.for_rows)."""
-    from .benchmarks.base import for_rows
+    from commbench.benchmarks.base import for_rows
 
     return {b: for_rows(b) for b in df["benchmark"].unique()} if "benchmark" in df.columns else {}
 

@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from commbench.core.errors import UsageError
 from ..results import SCHEMA_VERSION, RunDir, Status, placement_of, point_key
 
 SOURCE_NAMES = {"nccl-tests": "nccl-tests stdout", "nccl-tests-json": "nccl-tests JSON", "osu": "OSU stdout"}
@@ -69,7 +69,7 @@ def name_from_filename(path) -> str | None:
 def busbw_factor(bench: str, world: int) -> float:
     """The busbw factor F (README "algbw and busbw"): the benchmark's own for a collective
     commbench runs, nccl-tests' for one it does not; 1 where neither knows it."""
-    from ..benchmarks import registry
+    from commbench.benchmarks import registry
 
     if world < 1:
         return 1.0
@@ -107,7 +107,7 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
     """A row with every results.ROW_FIELDS field. time_us_p50 = time_us_mean = the tool's
     (mean) time; `stats` may give time_us_min/p90/p99/max/std from per-iteration data,
     anything it lacks equals the mean (std: None)."""
-    from ..stats import bandwidths_gbps
+    from commbench.core.stats import bandwidths_gbps
 
     params = dict(params or {})
     nbytes = int(nbytes)
@@ -146,7 +146,7 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
 
 def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env, notes, extra) -> dict:
     """meta.json of one imported file; `extra` adds to it, or replaces where not None."""
-    from ..launch import node_ids
+    from commbench.run.launch import node_ids
 
     meta = {
         "schema": SCHEMA_VERSION,
@@ -177,7 +177,7 @@ def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env
 
 def merge_metas(metas: list[dict]) -> dict:
     """One meta.json for the rows of several files (the first file's, widened)."""
-    from ..launch import node_ids
+    from commbench.run.launch import node_ids
 
     meta = dict(metas[0])
     if len(metas) == 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
+from commbench.core.errors import UsageError
 
 # How long a rank waits for rank 0's host to answer a connection: a refusal or a route
 # error comes back at once; silence this long means the packets go nowhere.

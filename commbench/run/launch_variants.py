@@ -62,7 +62,7 @@ def capabilities(backend: str, device: str, probe: bool = True) -> tuple[str, di
     if device == "cuda":
         why = None
         if probe:
-            from .backends.torch_dist import symm_mem_support
+            from commbench.backends.torch_dist import symm_mem_support
 
             why = symm_mem_support()
         caps = {"nvls": True, "collnet": True, "symm_mem": True if why is None else why}
@@ -94,8 +94,8 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
             break
     _finish_meta(out, cfg, skipped, library)
     if Path(out, "rows.jsonl").is_file():
-        from .report import variant_tables
-        from .results import load
+        from commbench.report.terminal import variant_tables
+        from commbench.store.results import load
 
         if vplan.note:
             print(f"note: {vplan.note}", flush=True)
@@ -129,7 +129,7 @@ def record_skip(out: str, name: str, why: str, cfg) -> None:
 def _finish_meta(out: str, cfg, skipped: dict, library: dict) -> None:
     """The launcher's record of the variants: skipped ones with their reason, what the
     library said it used, and the run's status from its variants'."""
-    from .results import RunDir, Status, base_meta, overall_status
+    from commbench.store.results import RunDir, Status, base_meta, overall_status
 
     rd = RunDir(out)
     meta = rd.read_meta() or {**base_meta(sys.argv[1:]), "suite": cfg.name}

@@ -8,9 +8,9 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .backends import BACKENDS
-from .errors import UsageError
-from .units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
+from commbench.backends import BACKENDS
+from commbench.core.errors import UsageError
+from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
 
 TIMING_METHODS = ("back_to_back", "barrier")
 
@@ -284,7 +284,7 @@ def _value(text: str):
 
 def parse_params(items: list[str], benchmarks: tuple) -> dict:
     """--param tokens=128,4096 (every benchmark that has it) or --param moe.tokens=128."""
-    from .benchmarks import get
+    from commbench.benchmarks import get
 
     out: dict[str, dict] = {}
     for item in items:
@@ -309,7 +309,7 @@ def parse_params(items: list[str], benchmarks: tuple) -> dict:
 
 def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
     """What the chosen backend and device cannot run, refused before any rank starts."""
-    from .benchmarks import get
+    from commbench.benchmarks import get
 
     if device == "cuda":
         host_only = [b for b in cfg.benchmarks if backend in get(b).host_only_on]
@@ -378,7 +378,7 @@ def _param_grid(bench, raw: dict) -> list[dict]:
 def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list, list[str]]:
     """Every point of the sweep, and notes on sizes dropped or rounded. Raises UsageError
     for a sweep that cannot run, before anything is communicated."""
-    from .benchmarks import Point, get
+    from commbench.benchmarks import Point, get
 
     benches = [get(b) for b in cfg.benchmarks]
     for d in cfg.dtypes:

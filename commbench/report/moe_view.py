@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
-from ..viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis,
-                       judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
+from commbench.core.errors import UsageError
+from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
 
 # Routing -> (its skew parameter, short name in a terminal cell, name in the report, axis label).
 SKEW_AXES = {"zipf": ("alpha", "a", "alpha", "Zipf exponent alpha"),
@@ -44,7 +43,7 @@ def shape(p: dict, terminal: bool = True, vary=()) -> str:
 def ordered(rows: list[dict]) -> list[dict]:
     """Rows by run, world, then the shape in the benchmark's declared param order (routing,
     then its skew by value: zipf 0.0, 0.5, 1.0 ...), dispatch before combine."""
-    from .base import for_rows
+    from commbench.benchmarks.base import for_rows
 
     declared = for_rows(rows[0]["benchmark"]).params if rows else {}
     return sorted(rows, key=lambda r: (text(r.get("run")), int(r["world"]), params_order(r.get("params"), declared),

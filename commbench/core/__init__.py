@@ -1,0 +1,1 @@
+"""The ground layer: errors, units, statistics, the row schema and the launch facts every layer reads."""

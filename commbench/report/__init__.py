@@ -1,0 +1,1 @@
+"""What a person reads: terminal tables, report.md/report.html, figures, progress, the benchmarks' views."""
