@@ -423,7 +423,7 @@ def cmd_ceilings(args) -> int:
     from rich.table import Table
 
     from commbench.analyse import ceilings
-    from commbench.report.terminal import _console, stdout_is_tty
+    from commbench.report.terminal import make_console, stdout_is_tty
 
     rows = ceilings.profiles_table_rows(_profiles(args, ceilings.list_profiles()))
     t = Table(title="hardware profiles", box=box.ASCII if not stdout_is_tty() else box.SIMPLE_HEAD,
@@ -435,7 +435,7 @@ def cmd_ceilings(args) -> int:
         t.add_column(c, justify="left" if c in ("profile", "scale-up link", "domain", "NIC") else "right")
     for r in rows:
         t.add_row(*r.values())
-    _console().print(t)
+    make_console().print(t)
     return 0
 
 
@@ -445,11 +445,11 @@ def cmd_model(args) -> int:
 
     from commbench.analyse import model as M
     from commbench.analyse.analysis import fit_table
-    from commbench.report.terminal import _console, stdout_is_tty
+    from commbench.report.terminal import make_console, stdout_is_tty
     from commbench.store.results import load, load_meta
     from commbench.core.units import fmt_size, parse_size
 
-    console = _console()
+    console = make_console()
     plain = not stdout_is_tty()
     worlds = args.worlds or [8, 16, 32, 64, 128, 256, 512, 1024]
     if any(w < 1 for w in worlds):
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"note: {note}")
             return 0
         if args.cmd == "compare":
-            from commbench.analyse.compare import compare_paths, split_sides
+            from commbench.report.compare_view import compare_paths, split_sides
 
             base, new = split_sides(args.runs, args.base, args.new, argv)
             return compare_paths(base, new, args.threshold, args.fail_on_regression,

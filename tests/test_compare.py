@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.analyse.compare import compare_paths, compare_runs, exit_status, point_ci, print_compare, regressions
+from commbench.analyse.compare import compare_runs, exit_status, point_ci, regressions
+from commbench.report.compare_view import compare_paths, print_compare
 from commbench.store.results import RunDir, Status
 
 SIZES = [1024, 65536, 1 << 20]

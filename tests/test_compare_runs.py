@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from commbench.analyse.compare import (ONE_RUN_CAVEAT, _pct_text, between_runs, compare_paths, compare_runs, print_compare, split_sides, summary, t_quantile)
+from commbench.analyse.compare import ONE_RUN_CAVEAT, between_runs, compare_runs, summary
+from commbench.core.stats import t_quantile
+from commbench.report.compare_view import _pct_text, compare_paths, print_compare, split_sides
 from commbench.core.errors import UsageError
 from commbench.store.results import RunDir, Status
 from conftest import needs_mpi, run_cli

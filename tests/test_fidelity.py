@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from commbench.core.errors import UsageError
-from commbench.run.launch import find_mpirun, mpirun_command
+from commbench.core.whoami import find_mpirun
+from commbench.run.launch import mpirun_command
 from conftest import ROOT, needs_mpi
 
 SRC = ROOT / "tools" / "c_loop.c"

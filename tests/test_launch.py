@@ -1,4 +1,5 @@
-from commbench.run.launch import detect, mpirun_command
+from commbench.core.whoami import detect
+from commbench.run.launch import mpirun_command
 
 
 def test_detect_each_launcher():

@@ -14,7 +14,7 @@ from conftest import run_cli
 
 pytest.importorskip("matplotlib")
 
-from commbench.report.terminal import plots  # noqa: E402
+from commbench.report import plots  # noqa: E402
 from commbench.report.html import chosen_env, write_report  # noqa: E402
 
 FIX = Path(__file__).resolve().parent / "fixtures"

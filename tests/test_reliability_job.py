@@ -288,7 +288,7 @@ def test_ranks_waiting_outside_a_smaller_world_end_with_it(tmp_path):
     and 4: rank 1 hangs in world 2 while ranks 2 and 3 wait outside it, with no deadline of
     their own. The watchdog's timeout on rank 0 must end them too, and name rank 1 alone:
     ranks 2 and 3, idle outside the world, were not due."""
-    from commbench.run.launch import free_port
+    from commbench.backends.rendezvous import free_port
 
     out = tmp_path / "run"
     port = free_port()

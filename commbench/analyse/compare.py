@@ -16,14 +16,17 @@ each run's own interval is a few per cent wide. So:
   verdict and the summary say that it cannot separate noise from a change.
 
 Rows keep summary statistics, not raw samples; pure pandas/numpy (the t quantile is
-computed here, so scipy is not needed).
+computed in core.stats, so scipy is not needed). The table is drawn by report.compare_view.
 """
 from __future__ import annotations
 
 import json
 import math
 
-from .analysis import params_key
+from commbench.analyse.analysis import params_key
+from commbench.core.errors import UsageError
+from commbench.core.stats import t_quantile
+from commbench.store.results import load
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
@@ -35,6 +38,7 @@ Z95 = 1.959964
 _MEDIAN_SE = math.sqrt(math.pi / 2)
 ONE_RUN_CAVEAT = "one run per side: cannot separate noise from change"
 REPEAT_HINT = "repeat each side (compare A1 A2 A3 -- B1 B2 B3) to judge on the spread between runs"
+
 
 def _num(v) -> float:
     try:
@@ -93,62 +97,6 @@ def point_ci(row) -> tuple[float, float, str]:
 # Welch's degrees of freedom are fractional and small (2..4 with three runs a side), where
 # the normal 1.96 would be far too narrow (t(0.975, 2) = 4.30), so the quantile is computed
 # exactly: the t CDF through the regularized incomplete beta function, inverted by bisection.
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betai(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df (> 0, not necessarily whole) degrees of freedom."""
-    tail = 0.5 * _betai(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p quantile (0.5 <= p < 1) of Student's t with df degrees of freedom."""
-    if not (0.5 <= p < 1.0 and df > 0):
-        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df > 0, got p={p}, df={df}")
-    lo, hi = 0.0, 2.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * hi:
-            break
-    return (lo + hi) / 2.0
 
 
 def between_runs(base_p50s, new_p50s) -> dict | None:
@@ -305,8 +253,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     import pandas as pd
 
     if not threshold_pct >= 0:
-        from commbench.core.errors import UsageError
-
+    
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
@@ -385,148 +332,9 @@ def summary(df) -> dict:
     return counts
 
 
-def _params_text(key: str) -> str:
-    """A params key (canonical JSON, params_key) as k=v words."""
-    return " ".join(f"{k}={v}" for k, v in json.loads(key).items())
-
-
-def _runs_text(col) -> str:
-    """'3' or '2-3': how many runs a side held over the matched points."""
-    lo, hi = int(col.min()), int(col.max())
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
-def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
-    """(title, caption) of the compare table: the verdict counts, and on what they rest."""
-    matched, _ = split_only(df)
-    s = summary(df)
-    counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
-    thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
-    single = s["one run per side"]
-    if not len(matched) or single == len(matched):
-        return (f"compare: {counts} -- {ONE_RUN_CAVEAT}" if len(matched) else f"compare: {counts}",
-                (f"{thr}ratio = new p50 / base p50; +- is the ~95 % interval of the p50 inside one run, which does "
-                 f"not see how much a point moves from run to run; a change counts when it passes the threshold "
-                 f"and the intervals do not overlap; {REPEAT_HINT}"))
-    runs = f"{_runs_text(matched['base_runs'])} base vs {_runs_text(matched['new_runs'])} new runs"
-    title = f"compare over {runs}: {counts}"
-    if single:
-        title += f" ({single} point(s) had one run per side: cannot separate noise from change)"
-    return (title, (f"{thr}p50 = geometric mean of the runs' p50s (lowest..highest run); change with its ~95 % "
-                    f"interval from a Welch t-test on the runs' log p50s; a change counts when it passes the "
-                    f"threshold and its interval excludes 0"))
-
-
-def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
-                  wide: bool | None = None) -> None:
-    """Rich table of a compare_runs frame (matched points), then the points found on one
-    side only. all_points=False shows only the faster/slower points. No number is cut
-    (viewkit.print_table): secondary columns give way on a narrow terminal; wide (default:
-    `--wide`) keeps them all."""
-    from rich.markup import escape
-
-    from commbench import report
-    from commbench.core.units import fmt_size
-    from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
-
-    console = console or report._console()
-    wide = report._WIDE if wide is None else wide
-    plain = not report.stdout_is_tty()
-    matched, only_df = split_only(df)
-    if only is not None:
-        only_df = only
-    shown = matched if all_points else matched[matched["verdict"] != "not significant"]
-    opt = ("dtype", "variant", "placement", "params", "stage")
-    cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend",) + opt}
-    repeats = bool(len(matched)) and bool((matched[["base_runs", "new_runs"]].max(axis=1) > 1).any())
-    s = summary(df)
-    title, caption = headline(df, threshold_pct)
-    t = table(title, caption, plain)
-    for h in ["benchmark"] + [c for c in ("backend",) if cols_opt[c]]:
-        add_column(t, h, left=True)
-    add_column(t, "world")
-    add_column(t, "size")
-    for c in opt:
-        if cols_opt[c]:
-            add_column(t, c, left=True, wrap=c == "params")
-    add_column(t, "base p50 (us)")
-    add_column(t, "new p50 (us)")
-    add_column(t, "change")
-    if repeats:  # what the verdict rests on, then the runs' own range
-        add_column(t, "95% interval")
-        add_column(t, "base runs (us)", level=COMPACT)
-        add_column(t, "new runs (us)", level=COMPACT)
-    add_column(t, "busbw base", level=WIDE)
-    add_column(t, "busbw new", level=WIDE)
-    add_column(t, "busbw change", level=COMPACT)
-    add_column(t, "verdict", left=True, level=ALWAYS, wrap=True)
-    pm_sign = "+-" if plain else "\u00b1"
-
-    def p50_cell(p50, lo, hi, runs):
-        if not math.isfinite(p50):
-            return "-"
-        if runs == 1 and math.isfinite(lo) and math.isfinite(hi):  # one run: its own interval
-            return f"{p50:.2f} {pm_sign}{(hi - lo) / 2:.2f}"
-        return f"{p50:.2f}"
-
-    def range_cell(runs, run_p50s):
-        v = [float(x) for x in str(run_p50s).split(";") if x]
-        return f"{min(v):.2f}..{max(v):.2f}" if runs > 1 and v else "-"
-
-    for r in shown.to_dict("records"):
-        style = {"slower": "red", "faster": "green"}.get(r["verdict"])
-        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
-        cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
-            [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
-            [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \
-            [p50_cell(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"], r["base_runs"]),
-             p50_cell(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"], r["new_runs"]),
-             f"{_pct_text(r['change_pct'])}%"]
-        if repeats:
-            cells += [f"{_pct_text(r['change_lo_pct'])}..{_pct_text(r['change_hi_pct'])}%"
-                      if math.isfinite(r["change_lo_pct"]) else "-",
-                      range_cell(r["base_runs"], r["base_run_p50s_us"]),
-                      range_cell(r["new_runs"], r["new_run_p50s_us"])]
-        cells += [_f(r["base_busbw_gbps"]), _f(r["new_busbw_gbps"]),
-                  f"{_pct_text(r['busbw_change_pct'])}%" if math.isfinite(r["busbw_change_pct"]) else "-"]
-        t.add_row(*map(escape, cells), f"[{style}]{escape(verdict)}[/{style}]" if style and not plain
-                  else escape(verdict))
-    if len(shown) or not len(matched):
-        print_table(console, t, wide)
-    else:
-        console.print(f"{title}: no point changed by more than the threshold and its interval")
-        if s["one run per side"]:
-            console.print(REPEAT_HINT)
-    if len(only_df):
-        o = table(f"points on one side only ({s['only in base']} base, {s['only in new']} new)", "", plain)
-        for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
-            add_column(o, h, left=True, wrap=h == "params")
-        gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "placement", "params", "stage"]
-        for key, g in only_df.groupby(gkeys, sort=False):
-            r = dict(zip(gkeys, key))
-            sizes = sorted(int(x) for x in g["nbytes"])
-            sz = fmt_size(sizes[0]) if len(sizes) == 1 else \
-                f"{fmt_size(sizes[0])}..{fmt_size(sizes[-1])} ({len(sizes)})"
-            o.add_row(*map(escape, (r["only_in"], r["benchmark"], str(r["world"]), sz, r["dtype"], r["variant"],
-                                    r["placement"], _params_text(r["params"]), r["stage"])))
-        print_table(console, o, wide)
-
-
-def _pct_text(v: float) -> str:
-    """A change in per cent, short: an interval over 2-3 noisy runs can reach +5000 %."""
-    if v > 9999:
-        return ">+9999"
-    return f"{v:+.1f}" if abs(v) < 100 else f"{v:+.0f}"
-
-
-def _f(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-
-
 def _refuse_duplicates(df) -> None:
     """A point twice in one run (two writers, or a resume that raced a running run) has no
     one time to compare: say which, rather than guess. Repeated runs on one side are fine."""
-    from commbench.core.errors import UsageError
 
     if df.empty or "point_key" not in df.columns:
         return
@@ -544,8 +352,6 @@ def _load_side(paths, name: str):
 
     import pandas as pd
 
-    from commbench.core.errors import UsageError
-    from commbench.store.results import load
 
     if not paths:
         raise UsageError(f"no run given for the {name} side")
@@ -564,58 +370,3 @@ def _load_side(paths, name: str):
     return pd.concat(frames, ignore_index=True)
 
 
-def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
-                  all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
-    """`commbench compare`: load both sides (a run directory or a list of repeated runs
-    each), print, optionally write the frame as CSV; returns the exit status (exit_status)."""
-    base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
-    new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
-    sides = [_load_side(base, "base"), _load_side(new, "new")]
-    for side in sides:
-        _refuse_duplicates(side)
-    df = compare_runs(*sides, threshold_pct)
-    print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
-    if csv_out:
-        df.to_csv(csv_out, index=False)
-    return exit_status(df, fail_on_regression)
-
-
-def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:
-    """The base and new runs of a `commbench compare` command line.
-
-    Three forms: `BASE NEW`; `A1 A2 ... -- B1 B2 ...`; `--base A1 A2 ... --new B1 B2 ...`.
-    argparse drops the `--` from the positionals (and, by Python version, one or all of
-    them), so the new side is read from argv: every word after the first `--` (argv is
-    the command line argparse parsed, runs its positionals)."""
-    from commbench.core.errors import UsageError
-
-    forms = "give BASE NEW, A1 A2 ... -- B1 B2 ..., or --base A1 A2 ... --new B1 B2 ..."
-    runs = list(runs or [])
-    if base or new:
-        if runs:
-            raise UsageError(f"runs given both as positionals and with --base/--new: {forms}")
-        if not (base and new):
-            raise UsageError(f"{'--new' if base else '--base'} is missing: {forms}")
-        return list(base), list(new)
-    argv = list(argv)
-    if "--" in argv:
-        after = argv[argv.index("--") + 1:]
-        for a in after:
-            if a.startswith("-"):
-                raise UsageError(f"{a} after --: every word after -- is a run of the new side; put options before --")
-        before = runs[:len(runs) - len(after)] if len(after) <= len(runs) else []
-        if before and before[-1] == "--":
-            before.pop()  # a Python whose argparse keeps the `--` among the positionals
-        if not after:
-            raise UsageError(f"no run after --: {forms}")
-        if not before:
-            raise UsageError(f"no run before --: {forms}")
-        return before, after
-    if len(runs) != 2:
-        raise UsageError(f"{len(runs)} run(s) without --: {forms}")
-    return [runs[0]], [runs[1]]
-
-
-__all__ = ["compare_runs", "regressions", "split_only", "exit_status", "summary", "print_compare", "compare_paths",
-           "point_ci", "between_runs", "t_quantile", "split_sides", "headline", "KEYS", "COLUMNS", "VERDICTS",
-           "ONE_RUN_CAVEAT"]

@@ -96,13 +96,13 @@ def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool)
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
     an MPI that takes them."""
     if backend == "nccl":
-        from commbench.run.launch import detect, local_ranks
+        from commbench.core.whoami import detect, local_ranks
 
         visible = visible_gpus()
         if visible:  # none: backends.availability says so
             check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
     if backend == "mpi" and device == "cuda":
-        from commbench.run.launch import find_mpirun
+        from commbench.core.whoami import find_mpirun
 
         try:
             bindir = os.path.dirname(find_mpirun())

@@ -442,7 +442,7 @@ class JaxBackend:
         given = os.environ.get("COMMBENCH_JAX_COORDINATOR")
         if given:
             return given
-        from commbench.run.launch import prepare_torch_env
+        from commbench.backends.rendezvous import prepare_torch_env
 
         prepare_torch_env(info)
         for key in ("MASTER_ADDR", "MASTER_PORT"):

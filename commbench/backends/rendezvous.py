@@ -10,9 +10,12 @@ cannot reach is one line, at once, not torch's rendezvous timeout.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import socket
 
 from commbench.core.errors import UsageError
+from commbench.core.whoami import LaunchInfo
 
 # How long a rank waits for rank 0's host to answer a connection: a refusal or a route
 # error comes back at once; silence this long means the packets go nowhere.
@@ -237,3 +240,33 @@ def check_master_reachable(addr: str, port: int) -> None:
     if why is not None:
         raise UsageError(f"cannot reach the rendezvous address {addr}:{port} (MASTER_ADDR/--master-addr): {why}; "
                          f"it must be an address of rank 0's host that every host reaches")
+
+
+def prepare_torch_env(info: LaunchInfo) -> None:
+    """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, unless
+    both MASTER_ADDR and MASTER_PORT are given, agree over MPI on an address of rank 0's
+    host that every rank reaches (a given MASTER_ADDR is checked) and a port."""
+    os.environ.setdefault("RANK", str(info.rank))
+    os.environ.setdefault("WORLD_SIZE", str(info.world))
+    os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
+    if info.world == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        return
+    if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
+        from mpi4py import MPI
+
+        # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
+        addr, port = agree_master(MPI.COMM_WORLD, info.rank)
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+
+
+def _mpi_importable() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

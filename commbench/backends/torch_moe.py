@@ -326,7 +326,7 @@ class TorchMoE:
         count before, the count set); (None, None) on a GPU."""
         if self.device.type != "cpu":
             return None, None
-        from commbench.run.launch import local_ranks
+        from commbench.core.whoami import local_ranks
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         before, threads = torch.get_num_threads(), max(1, cores // max(1, local_ranks(self.comm.size)))

@@ -29,6 +29,7 @@ driven here, and checked against expectations computed here from the regenerated
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,32 +160,14 @@ class MoE(Benchmark):
 
     stages = 2
 
-    # --- presentation hooks (the code: moe_view) ---
+    # --- presentation: the point's shape and weak scaling's measure live here; the table,
+    # figures and report section are the report layer's (report/moe_view.py) ---
     collective_rows = False  # two stages of a routed all-to-all whose bytes follow the routing
 
     def describe(self, params):
-        from commbench.report.moe_view import shape
-
         return shape(params)
 
-    def tables(self, rows, plain):
-        from commbench.report.moe_view import terminal_table
-
-        return [terminal_table(rows, plain)]
-
-    def figures(self, rows, out_dir):
-        from commbench.report.moe_view import figures
-
-        return figures(rows, out_dir, self.name)
-
-    def report_sections(self, rows, figures):
-        from commbench.report.moe_view import section
-
-        return [section(rows, figures)]
-
     def scaling_metric(self, rows):
-        from commbench.report.moe_view import scaling_metric
-
         return scaling_metric(rows)
 
     def memory_nbytes(self, point):
@@ -398,3 +381,45 @@ class MoE(Benchmark):
         info.update(b.path.row_info(b))
         b.path.release(comm, b)
         return [{**r, **info} for r in rows]
+
+
+# --- a point's shape in words, and weak scaling's measure -------------------------------
+
+# Routing -> (its skew parameter, short name in a terminal cell, name in the report, axis label).
+SKEW_AXES = {"zipf": ("alpha", "a", "alpha", "Zipf exponent alpha"),
+             "hot_rank": ("ratio", "r", "ratio", "hot-rank load ratio"),
+             "group_limited": ("max_groups", "M", "M", "max node groups per token (M)")}
+
+
+# Shown in every shape, or as the routing's skew, the mode and the path: never again as key=value.
+_IN_SHAPE = {"tokens", "hidden", "experts", "topk", "routing", "mode", "path", "capacity", "copies"} | \
+    {a[0] for a in SKEW_AXES.values()}
+
+
+def shape(p: dict, terminal: bool = True, vary=()) -> str:
+    """The point's shape in a cell: T, H, E, K, copies (in the terminal always; in the
+    report when it varies: rank and expert copies differ several times in bytes), routing
+    and its skew, a mode or path that is not the default, and any other param in `vary`
+    (those that take several values among the rows shown: dispatch dtype, seed, ...)."""
+    axis = SKEW_AXES.get(p.get("routing"))
+    skew = f" {axis[1] if terminal else axis[2]}={p.get(axis[0])}" if axis else ""
+    copies = f"{p.get('copies')} " if terminal else (f"copies={p.get('copies')} " if "copies" in vary else "")
+    # The dispatch's mode and path, where they are not the default one (normal, flat).
+    modes = "".join(f" {v}" for v in (p.get("mode"), p.get("path")) if v not in (None, "normal", "flat"))
+    if p.get("mode") == "low_latency" and p.get("capacity"):
+        modes += f" cap={p['capacity']}"
+    extra = "".join(f" {k}={p[k]}" for k in vary if k not in _IN_SHAPE and k in p)
+    return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
+            f"{copies}{p.get('routing')}{skew}{modes}{extra}")
+
+
+def scaling_metric(m) -> tuple:
+    """Tokens per second per rank, each stage apart. Bytes per rank are the wrong measure
+    here: in weak scaling the tokens per rank are fixed, but the remote share of each
+    rank's copies (and so its bytes) grows with world, so a byte rate would flatter larger
+    worlds."""
+    tokens = m["params"].map(lambda p: (p or {}).get("tokens"))
+    if tokens.map(lambda t: t is None or (isinstance(t, float) and math.isnan(t))).any():
+        raise UsageError("moe rows need params with 'tokens' for tokens/s per rank")
+    t_us = m["time_us_p50"].astype(float)
+    return "tokens_per_s_per_rank", np.where(t_us > 0, tokens.astype(float) / (t_us * 1e-6), np.nan)

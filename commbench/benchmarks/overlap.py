@@ -367,23 +367,9 @@ class Overlap(Benchmark):
                     "program leaves that scheduling to XLA: run overlap on mpi, gloo or nccl")
         return None
 
-    # --- presentation hooks (the code: overlap_view) ---
+    # --- presentation: the table, figure and report section are the report layer's
+    # (report/overlap_view.py) ---
     collective_rows = False  # a row's time is start + compute + wait, not one collective's
-
-    def tables(self, rows, plain):
-        from commbench.report.overlap_view import terminal_table
-
-        return [terminal_table(rows, plain)]
-
-    def figures(self, rows, out_dir):
-        from commbench.report.overlap_view import figure
-
-        return [f for f in (figure(rows, out_dir, self.name),) if f is not None]
-
-    def report_sections(self, rows, figures):
-        from commbench.report.overlap_view import section
-
-        return [section(rows, figures)]
 
     def canonical_params(self, params):
         p = dict(params)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
+from commbench.report import views as view_hooks
 from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
 from commbench.store.results import params_dict
 from commbench.core.units import fmt_size
@@ -116,7 +117,7 @@ def benchmark_sections(df, figures: dict, floors: dict | None = None) -> list[Se
     for bench, b in sorted(presenters(df).items()):
         g = df[df["benchmark"] == bench]
         figs = [f for f in figures.values() if f.benchmark == bench]
-        mine = b.report_sections(g, figs)
+        mine = view_hooks.report_sections(b, g, figs)
         if mine is None:
             generic.append(collective_section(bench, b, g, figs, multi_run, floors or {}))
         else:

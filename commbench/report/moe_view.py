@@ -1,6 +1,7 @@
 """How moe rows are shown: the terminal table, the report section, the figures against
 tokens and against routing skew, and weak scaling in tokens per second per rank. Called
-through the MoE class's presentation hooks (benchmarks/base.py)."""
+through report/views.py for the MoE benchmark; its shape in words and scaling measure are
+the benchmark's own (benchmarks/moe.py)."""
 from __future__ import annotations
 
 import json
@@ -9,42 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from commbench.core.errors import UsageError
+from commbench.benchmarks.base import for_rows
+from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)
 from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
-
-# Routing -> (its skew parameter, short name in a terminal cell, name in the report, axis label).
-SKEW_AXES = {"zipf": ("alpha", "a", "alpha", "Zipf exponent alpha"),
-             "hot_rank": ("ratio", "r", "ratio", "hot-rank load ratio"),
-             "group_limited": ("max_groups", "M", "M", "max node groups per token (M)")}
-
-
-# Shown in every shape, or as the routing's skew, the mode and the path: never again as key=value.
-_IN_SHAPE = {"tokens", "hidden", "experts", "topk", "routing", "mode", "path", "capacity", "copies"} | \
-    {a[0] for a in SKEW_AXES.values()}
-
-
-def shape(p: dict, terminal: bool = True, vary=()) -> str:
-    """The point's shape in a cell: T, H, E, K, copies (in the terminal always; in the
-    report when it varies: rank and expert copies differ several times in bytes), routing
-    and its skew, a mode or path that is not the default, and any other param in `vary`
-    (those that take several values among the rows shown: dispatch dtype, seed, ...)."""
-    axis = SKEW_AXES.get(p.get("routing"))
-    skew = f" {axis[1] if terminal else axis[2]}={p.get(axis[0])}" if axis else ""
-    copies = f"{p.get('copies')} " if terminal else (f"copies={p.get('copies')} " if "copies" in vary else "")
-    # The dispatch's mode and path, where they are not the default one (normal, flat).
-    modes = "".join(f" {v}" for v in (p.get("mode"), p.get("path")) if v not in (None, "normal", "flat"))
-    if p.get("mode") == "low_latency" and p.get("capacity"):
-        modes += f" cap={p['capacity']}"
-    extra = "".join(f" {k}={p[k]}" for k in vary if k not in _IN_SHAPE and k in p)
-    return (f"T={p.get('tokens')} H={p.get('hidden')} E={p.get('experts')} K={p.get('topk')} "
-            f"{copies}{p.get('routing')}{skew}{modes}{extra}")
 
 
 def ordered(rows: list[dict]) -> list[dict]:
     """Rows by run, world, then the shape in the benchmark's declared param order (routing,
     then its skew by value: zipf 0.0, 0.5, 1.0 ...), dispatch before combine."""
-    from commbench.benchmarks.base import for_rows
-
     declared = for_rows(rows[0]["benchmark"]).params if rows else {}
     return sorted(rows, key=lambda r: (text(r.get("run")), int(r["world"]), params_order(r.get("params"), declared),
                                        text(r.get("stage")) != "dispatch", text(r.get("stage"))))
@@ -172,18 +145,6 @@ def findings(m, vary) -> list:
                                + (f"; {fmt(ld.min())} at the most even point" if len(g) > 2 else ""),
                                judge_load(float(ld.max()))))
     return out
-
-
-def scaling_metric(m) -> tuple:
-    """Tokens per second per rank, each stage apart. Bytes per rank are the wrong measure
-    here: in weak scaling the tokens per rank are fixed, but the remote share of each
-    rank's copies (and so its bytes) grows with world, so a byte rate would flatter larger
-    worlds."""
-    tokens = m["params"].map(lambda p: (p or {}).get("tokens"))
-    if tokens.map(lambda t: t is None or (isinstance(t, float) and math.isnan(t))).any():
-        raise UsageError("moe rows need params with 'tokens' for tokens/s per rank")
-    t_us = m["time_us_p50"].astype(float)
-    return "tokens_per_s_per_rank", np.where(t_us > 0, tokens.astype(float) / (t_us * 1e-6), np.nan)
 
 
 # ---------------------------------------------------------------------------------------

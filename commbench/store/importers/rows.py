@@ -146,7 +146,7 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
 
 def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env, notes, extra) -> dict:
     """meta.json of one imported file; `extra` adds to it, or replaces where not None."""
-    from commbench.run.launch import node_ids
+    from commbench.core.whoami import node_ids
 
     meta = {
         "schema": SCHEMA_VERSION,
@@ -177,7 +177,7 @@ def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env
 
 def merge_metas(metas: list[dict]) -> dict:
     """One meta.json for the rows of several files (the first file's, widened)."""
-    from commbench.run.launch import node_ids
+    from commbench.core.whoami import node_ids
 
     meta = dict(metas[0])
     if len(metas) == 1:

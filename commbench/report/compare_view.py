@@ -1,0 +1,199 @@
+"""`commbench compare` as a person reads it: the headline (verdict counts and what they rest
+on), the table of matched points, the points found on one side only, and the command's
+flow (load both sides, judge, print, write CSV). The numbers are analyse.compare's."""
+from __future__ import annotations
+
+import json
+import math
+
+from rich.markup import escape
+
+from commbench.analyse.compare import (ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, _refuse_duplicates, compare_runs,
+                                       exit_status, split_only, summary)
+from commbench.core.errors import UsageError
+from commbench.core.units import fmt_size
+from commbench.report import terminal
+from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
+
+
+def _params_text(key: str) -> str:
+    """A params key (canonical JSON, params_key) as k=v words."""
+    return " ".join(f"{k}={v}" for k, v in json.loads(key).items())
+
+
+def _runs_text(col) -> str:
+    """'3' or '2-3': how many runs a side held over the matched points."""
+    lo, hi = int(col.min()), int(col.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
+    """(title, caption) of the compare table: the verdict counts, and on what they rest."""
+    matched, _ = split_only(df)
+    s = summary(df)
+    counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
+    thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
+    single = s["one run per side"]
+    if not len(matched) or single == len(matched):
+        return (f"compare: {counts} -- {ONE_RUN_CAVEAT}" if len(matched) else f"compare: {counts}",
+                (f"{thr}ratio = new p50 / base p50; +- is the ~95 % interval of the p50 inside one run, which does "
+                 f"not see how much a point moves from run to run; a change counts when it passes the threshold "
+                 f"and the intervals do not overlap; {REPEAT_HINT}"))
+    runs = f"{_runs_text(matched['base_runs'])} base vs {_runs_text(matched['new_runs'])} new runs"
+    title = f"compare over {runs}: {counts}"
+    if single:
+        title += f" ({single} point(s) had one run per side: cannot separate noise from change)"
+    return (title, (f"{thr}p50 = geometric mean of the runs' p50s (lowest..highest run); change with its ~95 % "
+                    f"interval from a Welch t-test on the runs' log p50s; a change counts when it passes the "
+                    f"threshold and its interval excludes 0"))
+
+
+def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
+                  wide: bool | None = None) -> None:
+    """Rich table of a compare_runs frame (matched points), then the points found on one
+    side only. all_points=False shows only the faster/slower points. No number is cut
+    (viewkit.print_table): secondary columns give way on a narrow terminal; wide (default:
+    `--wide`) keeps them all."""
+    console = console or terminal.make_console()
+    wide = terminal.wide_tables() if wide is None else wide
+    plain = not terminal.stdout_is_tty()
+    matched, only_df = split_only(df)
+    if only is not None:
+        only_df = only
+    shown = matched if all_points else matched[matched["verdict"] != "not significant"]
+    opt = ("dtype", "variant", "placement", "params", "stage")
+    cols_opt = {c: matched[c].astype(str).nunique() > 1 for c in ("backend",) + opt}
+    repeats = bool(len(matched)) and bool((matched[["base_runs", "new_runs"]].max(axis=1) > 1).any())
+    s = summary(df)
+    title, caption = headline(df, threshold_pct)
+    t = table(title, caption, plain)
+    for h in ["benchmark"] + [c for c in ("backend",) if cols_opt[c]]:
+        add_column(t, h, left=True)
+    add_column(t, "world")
+    add_column(t, "size")
+    for c in opt:
+        if cols_opt[c]:
+            add_column(t, c, left=True, wrap=c == "params")
+    add_column(t, "base p50 (us)")
+    add_column(t, "new p50 (us)")
+    add_column(t, "change")
+    if repeats:  # what the verdict rests on, then the runs' own range
+        add_column(t, "95% interval")
+        add_column(t, "base runs (us)", level=COMPACT)
+        add_column(t, "new runs (us)", level=COMPACT)
+    add_column(t, "busbw base", level=WIDE)
+    add_column(t, "busbw new", level=WIDE)
+    add_column(t, "busbw change", level=COMPACT)
+    add_column(t, "verdict", left=True, level=ALWAYS, wrap=True)
+    pm_sign = "+-" if plain else "\u00b1"
+
+    def p50_cell(p50, lo, hi, runs):
+        if not math.isfinite(p50):
+            return "-"
+        if runs == 1 and math.isfinite(lo) and math.isfinite(hi):  # one run: its own interval
+            return f"{p50:.2f} {pm_sign}{(hi - lo) / 2:.2f}"
+        return f"{p50:.2f}"
+
+    def range_cell(runs, run_p50s):
+        v = [float(x) for x in str(run_p50s).split(";") if x]
+        return f"{min(v):.2f}..{max(v):.2f}" if runs > 1 and v else "-"
+
+    for r in shown.to_dict("records"):
+        style = {"slower": "red", "faster": "green"}.get(r["verdict"])
+        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
+        cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
+            [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
+            [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \
+            [p50_cell(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"], r["base_runs"]),
+             p50_cell(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"], r["new_runs"]),
+             f"{_pct_text(r['change_pct'])}%"]
+        if repeats:
+            cells += [f"{_pct_text(r['change_lo_pct'])}..{_pct_text(r['change_hi_pct'])}%"
+                      if math.isfinite(r["change_lo_pct"]) else "-",
+                      range_cell(r["base_runs"], r["base_run_p50s_us"]),
+                      range_cell(r["new_runs"], r["new_run_p50s_us"])]
+        cells += [_f(r["base_busbw_gbps"]), _f(r["new_busbw_gbps"]),
+                  f"{_pct_text(r['busbw_change_pct'])}%" if math.isfinite(r["busbw_change_pct"]) else "-"]
+        t.add_row(*map(escape, cells), f"[{style}]{escape(verdict)}[/{style}]" if style and not plain
+                  else escape(verdict))
+    if len(shown) or not len(matched):
+        print_table(console, t, wide)
+    else:
+        console.print(f"{title}: no point changed by more than the threshold and its interval")
+        if s["one run per side"]:
+            console.print(REPEAT_HINT)
+    if len(only_df):
+        o = table(f"points on one side only ({s['only in base']} base, {s['only in new']} new)", "", plain)
+        for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
+            add_column(o, h, left=True, wrap=h == "params")
+        gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "placement", "params", "stage"]
+        for key, g in only_df.groupby(gkeys, sort=False):
+            r = dict(zip(gkeys, key))
+            sizes = sorted(int(x) for x in g["nbytes"])
+            sz = fmt_size(sizes[0]) if len(sizes) == 1 else \
+                f"{fmt_size(sizes[0])}..{fmt_size(sizes[-1])} ({len(sizes)})"
+            o.add_row(*map(escape, (r["only_in"], r["benchmark"], str(r["world"]), sz, r["dtype"], r["variant"],
+                                    r["placement"], _params_text(r["params"]), r["stage"])))
+        print_table(console, o, wide)
+
+
+def _pct_text(v: float) -> str:
+    """A change in per cent, short: an interval over 2-3 noisy runs can reach +5000 %."""
+    if v > 9999:
+        return ">+9999"
+    return f"{v:+.1f}" if abs(v) < 100 else f"{v:+.0f}"
+
+
+def _f(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
+                  all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
+    """`commbench compare`: load both sides (a run directory or a list of repeated runs
+    each), print, optionally write the frame as CSV; returns the exit status (exit_status)."""
+    base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
+    new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
+    sides = [_load_side(base, "base"), _load_side(new, "new")]
+    for side in sides:
+        _refuse_duplicates(side)
+    df = compare_runs(*sides, threshold_pct)
+    print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
+    if csv_out:
+        df.to_csv(csv_out, index=False)
+    return exit_status(df, fail_on_regression)
+
+
+def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:
+    """The base and new runs of a `commbench compare` command line.
+
+    Three forms: `BASE NEW`; `A1 A2 ... -- B1 B2 ...`; `--base A1 A2 ... --new B1 B2 ...`.
+    argparse drops the `--` from the positionals (and, by Python version, one or all of
+    them), so the new side is read from argv: every word after the first `--` (argv is
+    the command line argparse parsed, runs its positionals)."""
+    forms = "give BASE NEW, A1 A2 ... -- B1 B2 ..., or --base A1 A2 ... --new B1 B2 ..."
+    runs = list(runs or [])
+    if base or new:
+        if runs:
+            raise UsageError(f"runs given both as positionals and with --base/--new: {forms}")
+        if not (base and new):
+            raise UsageError(f"{'--new' if base else '--base'} is missing: {forms}")
+        return list(base), list(new)
+    argv = list(argv)
+    if "--" in argv:
+        after = argv[argv.index("--") + 1:]
+        for a in after:
+            if a.startswith("-"):
+                raise UsageError(f"{a} after --: every word after -- is a run of the new side; put options before --")
+        before = runs[:len(runs) - len(after)] if len(after) <= len(runs) else []
+        if before and before[-1] == "--":
+            before.pop()  # a Python whose argparse keeps the `--` among the positionals
+        if not after:
+            raise UsageError(f"no run after --: {forms}")
+        if not before:
+            raise UsageError(f"no run before --: {forms}")
+        return before, after
+    if len(runs) != 2:
+        raise UsageError(f"{len(runs)} run(s) without --: {forms}")
+    return [runs[0]], [runs[1]]
+

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The layer rule of commbench's folders: each layer imports only layers below it.
+
+    core < moe < backends < benchmarks < store < analyse < report < run < (cli, __init__, __main__)
+
+Every import counts: module level, inside functions, and the `python -c` strings of tools/.
+Also lists the in-package imports made inside functions outside cli.py (the header of a
+module should say what it depends on; only imports beside a heavy library may wait).
+
+Usage: python tools/layers.py [PACKAGE_DIR] [EXTRA.py ...]
+  exit 1 and each climbing import (file:line importer -> imported) when there are any.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ORDER = ["core", "moe", "backends", "benchmarks", "store", "analyse", "report", "run", "top"]
+RANK = {name: i for i, name in enumerate(ORDER)}
+HEAVY = {"torch", "jax", "jaxlib", "mpi4py", "cupy", "matplotlib", "pandas"}
+
+
+def layer_of(module: str, pkg: str) -> str | None:
+    """`pkg.run.launch` -> "run"; the package's own top-level modules are "top"."""
+    parts = module.split(".")
+    if parts[0] != pkg:
+        return None
+    if len(parts) == 1:
+        return "top"
+    return parts[1] if parts[1] in RANK else "top"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported(tree: ast.AST, me: str | None, is_pkg: bool):
+    """(lineno, module, inside a function, the function's heavy imports) for each import."""
+    def visit(node, in_func, heavy):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                mine = set()
+                for n in ast.walk(child):
+                    if isinstance(n, ast.Import):
+                        mine |= {a.name.split(".")[0] for a in n.names}
+                    elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+                        mine.add(n.module.split(".")[0])
+                yield from visit(child, True, mine & HEAVY)
+                continue
+            if isinstance(child, ast.Import):
+                for a in child.names:
+                    yield child.lineno, a.name, in_func, heavy
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    if me is None:
+                        continue
+                    base = me.split(".") if is_pkg else me.split(".")[:-1]
+                    base = base[:len(base) - child.level + 1]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                for a in child.names:
+                    yield child.lineno, f"{mod}.{a.name}", in_func, heavy
+            else:
+                yield from visit(child, in_func, heavy)
+    yield from visit(tree, False, set())
+
+
+def check(root: Path, extra: list[Path]) -> tuple[list[str], list[str]]:
+    pkg = root.name
+    climbs, lazy = [], []
+    sources = [(p, module_name(p, root), p.name == "__init__.py") for p in sorted(root.rglob("*.py"))]
+    sources += [(p, None, False) for p in extra]
+    for path, me, is_pkg in sources:
+        text = path.read_text()
+        trees = [(ast.parse(text), 0)]
+        if me is None:  # a tool: its `-c` strings too
+            for node in ast.walk(trees[0][0]):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and pkg in node.value:
+                    try:
+                        trees.append((ast.parse(node.value.replace("; ", "\n")), node.lineno - 1))
+                    except SyntaxError:
+                        pass
+        mine = layer_of(me, pkg) if me else "top"
+        for tree, offset in trees:
+            for lineno, mod, in_func, heavy in imported(tree, me, is_pkg):
+                theirs = layer_of(mod, pkg)
+                if theirs is None:
+                    continue
+                where = f"{path}:{lineno + offset}"
+                if RANK[theirs] > RANK[mine]:
+                    climbs.append(f"{where}: {me or path.name} ({mine}) imports {mod} ({theirs})")
+                if me and in_func and not heavy and not me.endswith(".cli"):
+                    lazy.append(f"{where}: {me} imports {mod} inside a function")
+    return climbs, lazy
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1]).resolve() if len(argv) > 1 else Path(__file__).resolve().parent.parent / "commbench"
+    extra = [Path(a) for a in argv[2:]]
+    climbs, lazy = check(root, extra)
+    for c in climbs:
+        print("climb:", c)
+    for line in lazy:
+        print("lazy:", line)
+    print(f"{len(climbs)} climbing import(s); {len(lazy)} in-package import(s) inside functions "
+          "without a heavy library beside them (outside cli.py)")
+    return 1 if climbs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
