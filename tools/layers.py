@@ -70,10 +70,41 @@ def imported(tree: ast.AST, me: str | None, is_pkg: bool):
     yield from visit(tree, False, set())
 
 
+def heavy_modules(sources: list, pkg: str) -> set[str]:
+    """Modules of the package that pull a heavy library in when imported (their own
+    module-level imports, followed through the package): an import of one of them may wait
+    inside the function that needs it."""
+    deps = {}
+    for path, me, is_pkg in sources:
+        got = set()
+        for node in ast.parse(path.read_text()).body:
+            for lineno, mod, in_func, _ in imported(ast.Module(body=[node], type_ignores=[]), me, is_pkg):
+                got.add(mod)
+        deps[me] = got
+    known = set(deps)
+
+    def owner(mod: str) -> str | None:
+        while mod and mod not in known:
+            mod = mod.rpartition(".")[0]
+        return mod or None
+
+    heavy, changed = set(), True
+    while changed:
+        changed = False
+        for me, got in deps.items():
+            if me in heavy:
+                continue
+            if any(g.split(".")[0] in HEAVY or owner(g) in heavy for g in got if owner(g) != me):
+                heavy.add(me)
+                changed = True
+    return heavy
+
+
 def check(root: Path, extra: list[Path]) -> tuple[list[str], list[str]]:
     pkg = root.name
     climbs, lazy = [], []
     sources = [(p, module_name(p, root), p.name == "__init__.py") for p in sorted(root.rglob("*.py"))]
+    heavy_mods = heavy_modules(sources, pkg)
     sources += [(p, None, False) for p in extra]
     for path, me, is_pkg in sources:
         text = path.read_text()
@@ -94,7 +125,8 @@ def check(root: Path, extra: list[Path]) -> tuple[list[str], list[str]]:
                 where = f"{path}:{lineno + offset}"
                 if RANK[theirs] > RANK[mine]:
                     climbs.append(f"{where}: {me or path.name} ({mine}) imports {mod} ({theirs})")
-                if me and in_func and not heavy and not me.endswith(".cli"):
+                target = mod if mod in heavy_mods else mod.rpartition(".")[0]
+                if me and in_func and not heavy and target not in heavy_mods and not me.endswith(".cli"):
                     lazy.append(f"{where}: {me} imports {mod} inside a function")
     return climbs, lazy
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from commbench.core.errors import UsageError
 from commbench.store.results import params_dict
+from commbench.benchmarks.base import for_rows
 
 # Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one
 # size (nccl-tests' two columns) are different points: placement is a key of its own.
@@ -121,7 +122,6 @@ def params_key(params) -> str:
 
 def presenters(df) -> dict:
     """benchmark name -> the Benchmark whose hooks present its rows (benchmarks.for_rows)."""
-    from commbench.benchmarks.base import for_rows
 
     return {b: for_rows(b) for b in df["benchmark"].unique()} if "benchmark" in df.columns else {}
 

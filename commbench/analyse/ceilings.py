@@ -17,6 +17,7 @@ from .profiles import (  # noqa: F401
     LINK_DIRECTIONS, Profile, apply_overrides, format_rate, list_profiles, load_profile, loopback_profile,
     parse_profile_text, parse_rate_gbps, profiles_table_rows, scaleup_rates_for,
 )
+from commbench.benchmarks import Benchmark, registry
 
 # A variant whose name holds one of these reduces in the switch (NVLink SHARP, IB SHARP).
 INSWITCH_MARKERS = ("nvls", "sharp", "collnet", "inswitch", "multimem")
@@ -63,7 +64,6 @@ def is_inswitch(row) -> bool:
 def benchmark_of(row):
     """The row's benchmark from the registry; the base Benchmark (ring-like defaults) for
     a name it does not know."""
-    from commbench.benchmarks import Benchmark, registry
 
     return registry().get(row.get("benchmark")) or Benchmark()
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from commbench.core.errors import UsageError
 from commbench.moe import accounting
+from commbench.benchmarks import registry
 
 ASSUMPTIONS: list[str] = [
     "alpha-beta (Hockney) model: each step costs alpha + bytes/B; no congestion, "
@@ -385,7 +386,6 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                 raise UsageError(f"unknown all_reduce algorithm {a!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
     else:
         algos = ["pairwise" if kind == "all_to_all" else "ring"]
-    from commbench.benchmarks import registry
 
     bench = registry()[kind]  # the busbw factor F(p) of README "Formulas" is the benchmark's
     for p in worlds:

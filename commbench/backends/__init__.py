@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 
 from commbench.core.errors import UsageError
+from commbench.backends.gpus import visible_gpus
 
 # name -> (module, class, device)
 BACKENDS = {
@@ -28,7 +29,6 @@ BACKEND_DTYPES = {
 
 def gpu_visible() -> bool:
     """A CUDA GPU is present, judged without importing torch or cupy."""
-    from .gpus import visible_gpus
 
     return visible_gpus() > 0
 

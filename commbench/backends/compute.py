@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from commbench.core.errors import UsageError
+from commbench.backends.base import Comm
 
 CALIBRATE_TOL = 0.10           # calibrated compute within 10 % of t_comm
 CALIBRATE_ROUNDS = 8
@@ -172,7 +173,6 @@ def set_compute_threads(compute_name: str, threads: int) -> tuple[Callable[[], N
 def host_runs(comp: Compute, n: int) -> np.ndarray:
     """Seconds of n runs of a compute by the host clock (what calibrate_gemm uses when the
     caller has no communicator to time with)."""
-    from commbench.backends.base import Comm
 
     return Comm(0, 1).time_steps(lambda lap: comp.run(), n, 0)[0]
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 
 from commbench.core.errors import UsageError
+from commbench.core.whoami import detect, find_mpirun, local_ranks
 
 
 def visible_gpus(proc_dir: str = "/proc/driver/nvidia/gpus") -> int:
@@ -96,14 +97,10 @@ def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool)
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
     an MPI that takes them."""
     if backend == "nccl":
-        from commbench.core.whoami import detect, local_ranks
-
         visible = visible_gpus()
         if visible:  # none: backends.availability says so
             check_ranks_per_gpu(np_ if np_ is not None else local_ranks(detect().world), visible, backend)
     if backend == "mpi" and device == "cuda":
-        from commbench.core.whoami import find_mpirun
-
         try:
             bindir = os.path.dirname(find_mpirun())
         except UsageError:

@@ -32,6 +32,8 @@ import numpy as np
 
 from commbench.core.errors import UsageError
 from .base import Comm, Handle
+from commbench.backends.mpi import aligned_empty
+from commbench.backends.rendezvous import prepare_torch_env
 
 AXIS = "ranks"  # the mesh axis every collective names
 
@@ -321,7 +323,6 @@ class JaxComm(Comm):
 
     # --- memory ------------------------------------------------------------------------
     def alloc(self, count, dtype):
-        from .mpi import aligned_empty
 
         return aligned_empty(count, np_dtype(dtype))
 
@@ -442,7 +443,6 @@ class JaxBackend:
         given = os.environ.get("COMMBENCH_JAX_COORDINATOR")
         if given:
             return given
-        from commbench.backends.rendezvous import prepare_torch_env
 
         prepare_torch_env(info)
         for key in ("MASTER_ADDR", "MASTER_PORT"):

@@ -8,6 +8,8 @@ import numpy as np
 
 from commbench.core.errors import UsageError
 from .base import Comm, Handle, RowsExchange
+from commbench.backends import mpi_timeloop
+from commbench.backends.timing import time_steps_with_events, time_with_events
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
               "float64": np.float64, "uint8": np.uint8}
@@ -139,7 +141,6 @@ class MpiComm(Comm):
         without the interpreter's ~0.4 us per call. cupy buffers keep the Python path."""
         if self.xp is not None:
             return op
-        from . import mpi_timeloop
 
         return mpi_timeloop.attach(op, self.MPI, self.c, kind, send, recv, scount, rcount, mpi_op, arg)
 
@@ -221,7 +222,6 @@ class MpiComm(Comm):
         blocking MPI call cannot be enqueued behind a stream hold (timing.time_held)."""
         if self.xp is None:
             return super().time_ops(op, iters, barrier_each)
-        from commbench.backends.timing import time_with_events
 
         cuda = self.xp.cuda
         return time_with_events(op, iters, cuda.Event, cuda.get_current_stream().synchronize,
@@ -232,7 +232,6 @@ class MpiComm(Comm):
         the blocking MPI calls' host time is inside them, and no hold can cover them)."""
         if self.xp is None:
             return super().time_steps(step, iters, nlaps, barrier_each)
-        from commbench.backends.timing import time_steps_with_events
 
         cuda = self.xp.cuda
         return time_steps_with_events(step, iters, nlaps, cuda.Event, cuda.get_current_stream().synchronize,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from commbench.backends.mpi import aligned_empty
 
 FALLBACK_LLC_NBYTES = 32 << 20
 
@@ -34,7 +35,6 @@ def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = 3) -> floa
     """One core's copy rate in bytes copied per second (GB/s), best of `repeats` timings of
     back-to-back copies: the figure a single-copy transport is bounded by. (A STREAM copy
     figure counts read + write, twice this.)"""
-    from commbench.backends.mpi import aligned_empty
 
     n = max(int(nbytes), 4096)
     src, dst = aligned_empty(n, np.uint8), aligned_empty(n, np.uint8)

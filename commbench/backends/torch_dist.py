@@ -9,8 +9,9 @@ from datetime import timedelta
 import numpy as np
 
 from commbench.core.errors import UsageError
-from commbench.backends.timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
+from commbench.backends.timing import NoHold, choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
 from .base import Comm, Handle
+from commbench.backends.timing import time_steps_with_events
 
 
 # commbench dtype -> cupy.cuda.nccl's name for it.
@@ -236,7 +237,6 @@ class TorchComm(Comm):
     def _holds(self):
         if self._hold_factory is None:
             from commbench.backends.gpuhold import make_holds
-            from commbench.backends.timing import NoHold
 
             # COMMBENCH_NO_HOLD=1: events on an idle stream, as before holds (a diagnostic:
             # it shows what the host's launch cost does to the samples; rows say unheld).
@@ -258,7 +258,6 @@ class TorchComm(Comm):
         (only for steps that never wait for the device on the host)."""
         if self.device != "cuda":
             return super().time_steps(step, iters, nlaps, barrier_each)
-        from commbench.backends.timing import time_steps_with_events
 
         between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
         kw = {"hold": self._holds(), "meet": self._meet} if hold else {}

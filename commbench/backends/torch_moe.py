@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from commbench.core.whoami import local_ranks
 
 BLOCK = 128          # elements sharing one fp32 scale (DeepSeek-V3's 1x128 blocks)
 FP8_MAX = 448.0      # largest float8_e4m3fn value
@@ -326,7 +327,6 @@ class TorchMoE:
         count before, the count set); (None, None) on a GPU."""
         if self.device.type != "cpu":
             return None, None
-        from commbench.core.whoami import local_ranks
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         before, threads = torch.get_num_threads(), max(1, cores // max(1, local_ranks(self.comm.size)))

@@ -37,7 +37,9 @@ import numpy as np
 from .. import moe as M
 from commbench.core.errors import UsageError
 from .base import Benchmark, Param, Traffic, register
+from .moe_hier import HierarchicalPath
 from .moe_host import HEADER, EnginePath, HostPath, _no_lap, regroup_perm, send_order
+from .moe_ll import LowLatencyPath
 
 MODES = ("normal", "low_latency")
 PATHS = ("flat", "hierarchical")
@@ -287,12 +289,8 @@ class MoE(Benchmark):
         if comm.device_moe() is None:
             return HostPath()
         if params["mode"] == "low_latency":
-            from .moe_ll import LowLatencyPath
-
             return LowLatencyPath(comm.device_moe("low_latency"))
         if params["path"] == "hierarchical":
-            from .moe_hier import HierarchicalPath
-
             return HierarchicalPath(comm.device_moe("hierarchical"))
         return DevicePath(comm.device_moe())
 

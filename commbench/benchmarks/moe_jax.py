@@ -17,6 +17,8 @@ import numpy as np
 
 from .. import moe as M
 from .moe_host import EnginePath, make_x, regroup_perm, token_value
+from commbench.backends import availability
+from commbench.backends.jax_dist import ragged_all_to_all_support
 
 
 def answer(src, token):
@@ -30,8 +32,6 @@ def refusal(device: str, odd: list[str]) -> str | None:
     if odd:
         return (f"moe {', '.join(odd)} runs on the device path of gloo and nccl; jax has the flat exchange "
                 f"in the normal mode")
-    from ..backends import availability
-    from ..backends.jax_dist import ragged_all_to_all_support
 
     if not availability("jax")[0]:  # the run is refused for that, with the install hint
         return None

@@ -16,6 +16,10 @@ from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
 from commbench.store.results import params_dict
 from commbench.core.units import fmt_size
 from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
+from commbench.core.errors import UsageError
+from commbench.report import plots
+from commbench.report.terminal import rejudge_rows, skipped_variants, variant_comparisons
+from commbench.store.results import load, load_meta
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -41,7 +45,6 @@ def _run_name(p) -> str:
 
 def _rejudge(df, metas: dict, profile):
     """Every row's ceiling fields against `profile`, with each run's node map."""
-    from commbench.report.terminal import rejudge_rows
 
     return rejudge_rows(df, {run: (m or {}).get("nodes") for run, m in metas.items()}, profile)
 
@@ -328,7 +331,6 @@ def variant_sections(df, skipped: dict) -> list[Section]:
     """What the terminal prints after a variants run: the skipped variants, each group's
     side-by-side table and each variant's verdict against the baseline; the verdicts and
     the skipped ones are summary findings too."""
-    from commbench.report.terminal import variant_comparisons
 
     comps = variant_comparisons(df) if "variant" in df.columns else []
     if not comps and not skipped:
@@ -499,9 +501,6 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
     [legend labels]}, "notes": [str], "drawn": {name: viewkit.FigureInfo (with .figure,
     the matplotlib Figure)}, "findings": [viewkit.Finding]}.
     """
-    from commbench.core.errors import UsageError
-    from commbench.report.terminal import skipped_variants
-    from commbench.store.results import load, load_meta
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -525,7 +524,6 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"report --out {out}: {e.strerror or e}") from None
-    from . import plots
 
     figures = {}
     if plots.have_matplotlib():

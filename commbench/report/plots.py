@@ -18,6 +18,7 @@ from commbench.store.results import params_dict
 from commbench.core.units import fmt_size
 from .viewkit import (FigureInfo, capturing, int_log2_axis, labeler, legend_beside, new_figure, save_figure, size_axis,
                       text)
+from commbench.analyse.ceilings import is_inswitch
 
 
 def have_matplotlib() -> bool:
@@ -242,7 +243,6 @@ def _is_baseline(variant: str) -> int | None:
 def fig_inswitch(d, out_dir: Path) -> FigureInfo | None:
     if "variant" not in d.columns:
         return None
-    from commbench.analyse.ceilings import is_inswitch
 
     flag = d.apply(is_inswitch, axis=1).astype(bool)
     sized = collective_mask(d)

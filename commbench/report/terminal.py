@@ -10,6 +10,9 @@ from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbp
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
 from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
+from commbench.analyse.analysis import largest_size
+from commbench.benchmarks.base import for_rows
+from commbench.store.results import load, load_meta
 
 
 def stdout_is_tty() -> bool:
@@ -44,7 +47,6 @@ def make_console():
 def print_tables(rows, console=None, wide: bool | None = None) -> None:
     """Each benchmark's tables (Benchmark.tables); by default one table per benchmark:
     size, p50, p99, algbw, busbw, check. No table cuts a number (viewkit.print_table)."""
-    from commbench.benchmarks.base import for_rows
 
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
@@ -153,7 +155,6 @@ def _scaling_rows(sc, wide: bool):
     """The weak-scaling rows to show, in order: every size with --wide, else each sized
     group at its largest size measured at several worlds (the size nearest the link's
     rate; busbw at small sizes is latency, not bandwidth)."""
-    from commbench.analyse.analysis import largest_size
 
     shown = sc if wide else largest_size(sc)
     views = presenters(shown)
@@ -250,7 +251,6 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
 
 
 def report_runs(paths, profile=None) -> None:
-    from commbench.store.results import load, load_meta
 
     for p in paths:
         meta = load_meta(p)
@@ -273,7 +273,6 @@ def rejudge(df, paths, profile):
     """Recompute every row's ceiling fields against `profile`, with each run's node map."""
     from pathlib import Path
 
-    from commbench.store.results import load_meta
 
     nodes = {(Path(p).name if Path(p).is_dir() else Path(p).parent.name): (load_meta(p) or {}).get("nodes")
              for p in paths}

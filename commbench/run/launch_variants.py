@@ -12,6 +12,8 @@ from pathlib import Path
 
 from . import launch
 from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
+from commbench.run.variants import lookup
+from commbench.store.results import RunDir, Status, base_meta, overall_status
 
 
 def mpi_flavor() -> str:
@@ -110,7 +112,6 @@ def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: l
                     one_named: bool) -> int:
     """--resume --np N of a run of several variants: each unfinished one in its own launch
     (with its settings in the environment, as the first launch had them)."""
-    from .variants import lookup
 
     status = 0
     for name in names:
@@ -129,7 +130,6 @@ def record_skip(out: str, name: str, why: str, cfg) -> None:
 def _finish_meta(out: str, cfg, skipped: dict, library: dict) -> None:
     """The launcher's record of the variants: skipped ones with their reason, what the
     library said it used, and the run's status from its variants'."""
-    from commbench.store.results import RunDir, Status, base_meta, overall_status
 
     rd = RunDir(out)
     meta = rd.read_meta() or {**base_meta(sys.argv[1:]), "suite": cfg.name}

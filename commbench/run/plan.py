@@ -9,6 +9,7 @@ from pathlib import Path
 from . import launch
 from commbench.core.errors import UsageError
 from commbench.core.units import INT_MAX, fmt_size
+from commbench.benchmarks import get
 
 # A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
 # fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
@@ -53,7 +54,6 @@ def mpi_large_count() -> bool:
 def point_seconds(cfg, p) -> float:
     """A rough time for one point (PLAN_GBPS, PLAN_ALPHA_S): the --dry-run total, and the
     weight of each point in the progress bar's estimate of the time left."""
-    from commbench.benchmarks import get
 
     bench = get(p.benchmark)
     op_s = PLAN_ALPHA_S + bench.plan_nbytes(p) / (PLAN_GBPS * 1e9)
@@ -69,7 +69,6 @@ def plan(cfg, points: list, world: int, device: str, check_counts: bool = False)
     Refuses, before any rank starts, a sweep whose largest point does not fit this host's
     available memory with every local rank holding its buffers, and (check_counts: the
     mpi backend) a call whose count overflows a C int."""
-    from commbench.benchmarks import get
 
     out = []
     for p in points:

@@ -19,6 +19,13 @@ from commbench.report.terminal import stdout_is_tty
 from commbench.store.results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
 from commbench.core.units import fmt_size
+from commbench.analyse import ceilings
+from commbench.backends import probe
+from commbench.core.errors import RunFailed, UsageError
+from commbench.run.guard import Guard
+from commbench.run.plan import point_seconds
+from commbench.run.variants import BUILTIN, lookup
+from commbench.store.results import RunLock, held_by_my_launcher
 
 
 PROBE_BUDGET_S = 30.0
@@ -58,7 +65,6 @@ class Harness:
     to how time is taken is made there, once, for every benchmark."""
 
     def __init__(self, cfg: suite_mod.SuiteConfig, guard=None, variant=None):
-        from .variants import BUILTIN
 
         self.cfg = cfg
         self.guard = guard
@@ -193,7 +199,6 @@ class Progress:
     (COMMBENCH_TTY_PATH) instead, or it would show only at the end."""
 
     def __init__(self, todo: list, enabled: bool, cfg):
-        from .plan import point_seconds
 
         self.enabled = enabled
         self.tty = enabled and stdout_is_tty()
@@ -272,8 +277,6 @@ def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
 def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str]):
     """The profile rows are compared with (collective: the loopback one is measured here).
     Returns (profile or None, meta dict)."""
-    from commbench.analyse import ceilings
-    from commbench.backends import probe
 
     name = cfg.profile or default_profile_name(device, gpu_names)
     if name is None:
@@ -337,7 +340,6 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
 def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
     """This rank's run ends on e: say it in one line, keep the finished rows, mark the run,
     tell the other ranks (they stop now, not at the watchdog), then end the process."""
-    from commbench.core.errors import RunFailed
 
     ctx.guard.disarm()
     status = Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
@@ -364,8 +366,6 @@ def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
 def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant_name, reuse_ceiling):
     """Variant settings into the environment, the backend up, the watchdog armed, the hosts
     grouped into nodes and the ceiling profile chosen."""
-    from .guard import Guard
-    from .variants import lookup
 
     variant = lookup(cfg, variant_name)
     # Before the library starts: NCCL and MPI read their settings once, at initialisation.
@@ -409,8 +409,6 @@ def _lock_run_dir(world, out_dir):
     """Rank 0 takes the run directory's lock unless its own launcher holds it (`run --np`);
     every rank learns the outcome, so a directory another run is writing is refused by all
     ranks at once, before anything is written."""
-    from commbench.core.errors import UsageError
-    from commbench.store.results import RunLock, held_by_my_launcher
 
     lock, why = None, None
     if world.rank == 0 and not held_by_my_launcher(out_dir):
@@ -571,7 +569,6 @@ def _teardown_bound(limit_s: float):
 
 def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
     """The row's tier, ceiling and % of it (ceilings.ceiling_for_row), under the profile's name."""
-    from commbench.analyse import ceilings
 
     if profile is None:
         row.update({k: None for k in ceilings.CEILING_KEYS}, profile=None)

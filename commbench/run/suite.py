@@ -11,6 +11,8 @@ from pathlib import Path
 from commbench.backends import BACKENDS
 from commbench.core.errors import UsageError
 from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
+from commbench.benchmarks import Point, get
+from commbench.run.variants import check_baseline, of_config, parse_suite_variants
 
 TIMING_METHODS = ("back_to_back", "barrier")
 
@@ -110,7 +112,6 @@ def _params(v, key, suite):
 
 
 def _variant_tables(v, key, suite):
-    from .variants import parse_suite_variants
 
     # Stored as plain tables, so the config goes into meta.json as it is.
     return {n: var.__dict__ for n, var in parse_suite_variants(v, f"suite {suite}").items()}
@@ -262,7 +263,6 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
     for bench, kv in (overrides.get("params") or {}).items():
         params.setdefault(bench, {}).update(kv)
     cfg = SuiteConfig(**kw)
-    from .variants import check_baseline
 
     resolve_variants(cfg)
     check_baseline(cfg)
@@ -284,7 +284,6 @@ def _value(text: str):
 
 def parse_params(items: list[str], benchmarks: tuple) -> dict:
     """--param tokens=128,4096 (every benchmark that has it) or --param moe.tokens=128."""
-    from commbench.benchmarks import get
 
     out: dict[str, dict] = {}
     for item in items:
@@ -309,7 +308,6 @@ def parse_params(items: list[str], benchmarks: tuple) -> dict:
 
 def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
     """What the chosen backend and device cannot run, refused before any rank starts."""
-    from commbench.benchmarks import get
 
     if device == "cuda":
         host_only = [b for b in cfg.benchmarks if backend in get(b).host_only_on]
@@ -327,7 +325,6 @@ def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
 
 def resolve_variants(cfg: SuiteConfig):
     """The suite's Variant objects (validated: known, unique, non-empty names)."""
-    from .variants import of_config
 
     return of_config(cfg)
 
@@ -378,7 +375,6 @@ def _param_grid(bench, raw: dict) -> list[dict]:
 def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list, list[str]]:
     """Every point of the sweep, and notes on sizes dropped or rounded. Raises UsageError
     for a sweep that cannot run, before anything is communicated."""
-    from commbench.benchmarks import Point, get
 
     benches = [get(b) for b in cfg.benchmarks]
     for d in cfg.dtypes:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from commbench.analyse.variants import pick_baseline
 from commbench.core.errors import UsageError
+from commbench.backends import BACKENDS
 
 _OMPI_DYN = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1"}
 
@@ -85,7 +86,6 @@ KNOWN_REQUIRES = {"cuda", "nvls", "collnet", "symm_mem", "mpich", "openmpi"}
 
 def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
     """[variant.NAME] tables of a suite file."""
-    from commbench.backends import BACKENDS
 
     if not isinstance(table, dict):
         raise UsageError(f"{where}: 'variant' must be a table of [variant.NAME] tables")

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from commbench.core.errors import UsageError
 
 # Versions of the row format (pyperf/asv keep theirs the same way: a number and a
 # migration per step, applied on read, so old run directories keep loading):
@@ -114,7 +115,6 @@ def params_dict(value) -> dict:
             out = None
         if isinstance(out, dict):
             return out
-    from commbench.core.errors import UsageError
 
     raise UsageError(f"params {value!r} is not a JSON object")
 
@@ -242,7 +242,6 @@ def check_out_dir(path) -> None:
     """A result directory must be one that can be made and written: a path under a regular
     file, a device such as /dev/null, or a read-only place is refused in one line, before
     any rank starts (a rank that finds it out alone leaves the others waiting)."""
-    from commbench.core.errors import UsageError
 
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -259,7 +258,6 @@ def check_out_dir(path) -> None:
 def check_free_space(path, planned_rows: int) -> None:
     """Refuse, before any rank starts, a result directory whose filesystem cannot hold the
     planned rows (a full disk found mid-run costs the run its end)."""
-    from commbench.core.errors import UsageError
 
     q = Path(path)
     while not q.exists() and q != q.parent:
@@ -301,7 +299,6 @@ class RunLock:
         import fcntl
         import socket
 
-        from commbench.core.errors import UsageError
 
         self.dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -510,8 +507,6 @@ def _rows_file(p: Path) -> Path:
     if p.is_dir():
         p = p / "rows.jsonl"
     if not p.is_file():
-        from commbench.core.errors import UsageError
-
         raise UsageError(f"{p}: no rows.jsonl (not a commbench result directory)")
     return p
 

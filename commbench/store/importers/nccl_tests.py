@@ -12,6 +12,7 @@ import math
 import re
 
 from ..results import ENV_PREFIXES
+from commbench.core.stats import summarize_us
 from .rows import benchmark_name, check_status, err, fnum, make_row, name_from_filename, run_meta
 
 # nccl-tests type names -> commbench dtype names.
@@ -342,8 +343,6 @@ def _iter_stats(obj) -> dict | None:
     times = obj.get("times_us")
     if isinstance(times, list) and times:
         import numpy as np
-
-        from commbench.core.stats import summarize_us
 
         t = np.array([_jnum(x) for x in times], dtype=np.float64)
         t = t[np.isfinite(t)]

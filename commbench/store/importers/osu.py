@@ -14,6 +14,7 @@ import re
 from commbench.core.errors import UsageError
 from commbench.core.stats import bandwidths_gbps
 from .rows import benchmark_name, busbw_factor, err, fnum, make_row, run_meta
+from commbench.benchmarks.overlap import overlap_imb_pct
 
 _MPI_DTYPES = {"MPI_CHAR": "uint8", "MPI_BYTE": "uint8", "MPI_SIGNED_CHAR": "int8", "MPI_UNSIGNED_CHAR": "uint8",
                "MPI_INT": "int32", "MPI_FLOAT": "float32", "MPI_DOUBLE": "float64", "MPI_LONG": "int64",
@@ -215,7 +216,6 @@ def _overlap_fields(pure: float, compute: float | None, overall: float, osu_pct:
     OSU's Compute(us) is the compute time measured WHILE the collective was in flight
     (less its MPI_Test calls); it does not time the compute alone, so compute_slowdown
     stays None."""
-    from commbench.benchmarks.overlap import overlap_imb_pct
 
     out = {"t_comm_us": pure, "t_compute_us": compute, "t_overall_us": overall, "t_compute_during_us": compute,
            "overlap_osu_pct": osu_pct, "overlap_imb_pct": None, "compute_slowdown": None, "exposed_us": None,

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from commbench.core.errors import UsageError
 from ..results import SCHEMA_VERSION, RunDir, Status, placement_of, point_key
+from commbench.benchmarks import registry
+from commbench.core.stats import bandwidths_gbps
+from commbench.core.whoami import node_ids
+from commbench.store.results import new_run_dir
 
 SOURCE_NAMES = {"nccl-tests": "nccl-tests stdout", "nccl-tests-json": "nccl-tests JSON", "osu": "OSU stdout"}
 
@@ -69,7 +73,6 @@ def name_from_filename(path) -> str | None:
 def busbw_factor(bench: str, world: int) -> float:
     """The busbw factor F (README "algbw and busbw"): the benchmark's own for a collective
     commbench runs, nccl-tests' for one it does not; 1 where neither knows it."""
-    from commbench.benchmarks import registry
 
     if world < 1:
         return 1.0
@@ -107,7 +110,6 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
     """A row with every results.ROW_FIELDS field. time_us_p50 = time_us_mean = the tool's
     (mean) time; `stats` may give time_us_min/p90/p99/max/std from per-iteration data,
     anything it lacks equals the mean (std: None)."""
-    from commbench.core.stats import bandwidths_gbps
 
     params = dict(params or {})
     nbytes = int(nbytes)
@@ -146,7 +148,6 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
 
 def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env, notes, extra) -> dict:
     """meta.json of one imported file; `extra` adds to it, or replaces where not None."""
-    from commbench.core.whoami import node_ids
 
     meta = {
         "schema": SCHEMA_VERSION,
@@ -177,7 +178,6 @@ def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env
 
 def merge_metas(metas: list[dict]) -> dict:
     """One meta.json for the rows of several files (the first file's, widened)."""
-    from commbench.core.whoami import node_ids
 
     meta = dict(metas[0])
     if len(metas) == 1:
@@ -217,7 +217,6 @@ def write_imported_run(rows: list[dict], meta: dict, out_dir) -> Path:
 
 def default_out_dir(path, root="results") -> Path:
     """results/<timestamp>-import-<the file's stem>."""
-    from ..results import new_run_dir
 
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(path).stem) or "import"
     return new_run_dir(f"import-{stem}", root)
