@@ -262,12 +262,9 @@ def fake_cuda_comm(clock):
     from commbench.backends.torch_dist import TorchComm
 
     torch, state = fake_torch(clock)
-    comm = TorchComm.__new__(TorchComm)
-    comm.rank, comm.size, comm.device, comm.group = 0, 1, "cuda", None
-    comm.torch, comm.timing_method = torch, "cuda_event"
+    comm = TorchComm(None, 0, 1, "nccl", "cpu")  # built on CPU, then pointed at the fake CUDA
+    comm.device, comm.torch, comm.timing_method = "cuda", torch, "cuda_event"
     comm.dist = types.SimpleNamespace(barrier=lambda group=None: clock.log.append("barrier"))
-    comm.graph_ops_per_replay, comm.last_ops_per_replay, comm._warm_stream = None, None, None
-    comm._batch_for, comm._op_s, comm.host_group, comm.last_timing = None, float("nan"), None, {}
 
     class LoggedHold(timing.Hold):
         def release(self):
@@ -297,10 +294,12 @@ def fake_cuda_comm(clock):
 def test_torchcomm_cuda_paths_with_fake_torch():
     clock = Clock()
     comm, state, collective = fake_cuda_comm(clock)
-    # barrier_each (OSU): held batches of one operation each, the hold released after it
+    # barrier_each (OSU): held batches of one operation each, the hold released after it; the
+    # op's first call is unheld, the device drained after it
     t = comm.time_ops(collective(2e-3), 3, barrier_each=True)
     np.testing.assert_allclose(t, 2e-3)
-    assert clock.log == ["hold", "op@default", "release"] * 3 + ["sync"] and comm.last_ops_per_replay is None
+    assert clock.log == ["op@default", "sync"] + ["hold", "op@default", "release"] * 3 + ["sync"]
+    assert comm.last_ops_per_replay is None
     assert comm.last_timing["held"] and comm.last_timing["ops_per_sample"] == 1
 
     # back to back: sized from one held batch of 10 (200 us / 5 us = 40 ops a batch)
@@ -308,7 +307,7 @@ def test_torchcomm_cuda_paths_with_fake_torch():
     op = collective(5e-6)
     t = comm.time_ops(op, 2)
     np.testing.assert_allclose(t, 5e-6)
-    assert clock.log == (["hold"] + ["op@default"] * 10 + ["release", "sync"]
+    assert clock.log == (["op@default", "sync"] + ["hold"] + ["op@default"] * 10 + ["release", "sync"]
                          + (["hold"] + ["op@default"] * 40 + ["release"]) * 2 + ["sync"])
     assert comm.last_timing["ops_per_sample"] == 40 and "mean of 40" in comm.last_timing["sample"]
     clock.log.clear()
@@ -321,8 +320,8 @@ def test_torchcomm_cuda_paths_with_fake_torch():
     assert comm.last_ops_per_replay == 40  # ceil(200 us / 5 us of device time, from a held batch)
     assert state.modes == ["thread_local"]
     i = clock.log.index("capture")
-    # sized by one held batch of 10, then warm-up off the default stream, then the capture
-    assert clock.log[:i] == ["hold"] + ["op@default"] * 10 + ["release", "sync"] + ["op@side"] * 3 + ["sync"]
+    # one unheld call, sized by one held batch of 10, then warm-up off the default stream, then the capture
+    assert clock.log[:i] == ["op@default", "sync", "hold"] + ["op@default"] * 10 + ["release", "sync"] + ["op@side"] * 3 + ["sync"]
     assert clock.log[i + 1:i + 41] == ["captured"] * 40
     # the upload replay, then each timed replay held while it is enqueued
     assert clock.log[i + 41:] == ["replay"] + ["hold", "replay", "release"] * 6 + ["sync"]

@@ -9,6 +9,7 @@ import os
 import subprocess
 
 from ..errors import UsageError
+from ..gpuhold import hold_cap_s
 
 
 def visible_gpus(proc_dir: str = "/proc/driver/nvidia/gpus") -> int:
@@ -94,7 +95,9 @@ def check_cuda_aware_mpi(given: bool, bindir: str | None = None) -> str:
 def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool) -> None:
     """Before any rank initialises: one GPU per NCCL rank on this host (np_: a local launch's
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
-    an MPI that takes them."""
+    an MPI that takes them; a hold cap (COMMBENCH_HOLD_CAP_S) that is a number of seconds."""
+    if device == "cuda":
+        hold_cap_s()
     if backend == "nccl":
         from ..launch import detect, local_ranks
 

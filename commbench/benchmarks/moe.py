@@ -87,7 +87,9 @@ class DevicePath(EnginePath):
     name = "torch"
     dispatch_stages = ("layout", "counts", "sync", "pack", "a2a", "unpack")
     combine_stages = ("pack", "a2a", "reduce")
-
+    # Held on a device: only the sync stage reads the device on the host (.tolist()).
+    hold = True
+    host_waits = {"dispatch": ("sync",)}
 
     def setup(self, comm, plan: MoEPlan) -> DeviceBufs:
         p = plan.point.params
@@ -371,10 +373,10 @@ class MoE(Benchmark):
             mine = [acc[k] for k in keys] + [max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]
             *mx, moved = comm.max_over_ranks(np.array(mine, dtype=np.float64))
             traffic = Traffic(int(moved), self.busbw_factor(world))
-            # Held on a device only where the step never waits for it on the host (the normal
-            # mode's sync stage does).
+            # Held on a device, the hold let go before each stage that waits for the device
+            # on the host (the normal mode's sync) and put up again after it.
             frag, _ = harness.time_steps(comm, point, lambda lap, fn=fn: fn(comm, b, lap), traffic, stage=stage,
-                                         laps=names, hold=b.path.hold)
+                                         laps=names, hold=b.path.hold, host_waits=b.path.host_waits.get(stage, ()))
             t_us = frag["time_us_p50"]
             extra = {}
             # The hierarchical path has two all-to-all stages (a2a_out, a2a_in).
