@@ -385,7 +385,8 @@ def test_gpu_check_without_cuda_exits_3_with_one_line(tmp_path):
     cp = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--out", str(tmp_path / "x")],
                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert cp.returncode == 3, cp.stderr
-    assert cp.stdout == "no CUDA device: nothing to check\n" and cp.stderr == ""
+    assert cp.stdout.startswith("no CUDA device: nothing to check (") and cp.stdout.count("\n") == 1
+    assert cp.stderr == ""
     assert not (tmp_path / "x").exists()  # nothing run, nothing written
     assert time.monotonic() - t0 < 30
 
@@ -468,20 +469,22 @@ def test_hbm_probe_on_gpu():
 def test_gpu_check_judges_against_the_nccl_tests_figures():
     gc = _load_gpu_check()
     ref = gc.REF_ALL_REDUCE
-    fig = lambda f: {"all_reduce": {n: (f(n, r), None, None) for n, r in ref.items()}}  # noqa: E731
+    fig = lambda f, place="out-of-place": {"all_reduce": {n: (f(n, r), None, None, place, True)  # noqa: E731
+                                                          for n, r in ref.items()}}
     data = {"nccl-held": fig(lambda n, r: 1.5 * r[2] if n <= 256 << 10 else r[0] * 1.01),
-            "nccl-in-place": fig(lambda n, r: 0.05),
+            "nccl-in-place": fig(lambda n, r: 0.05, "in-place"),
             "nccl-graph": fig(lambda n, r: (r[2] or 30.0) * 1.1)}
-    got = dict((t.split(":")[0], v) for t, v in gc.reference_lines(data))
-    assert got["held out-of-place all_reduce 8 B-256 KiB"] == "PASS"
-    assert got["held in-place all_reduce"] == "PASS"
-    assert got["held all_reduce 16 MiB"] == "PASS" and got["held all_reduce 64 MiB"] == "PASS"
-    assert got["--cuda-graph out-of-place"] == "PASS"
+    got = {t[0]: t[3] for t in gc.targets(data)}
+    assert got["out-of-place all_reduce 8 B-256 KiB, held"] == "PASS"
+    assert got["in-place all_reduce 8 B-64 MiB, held"] == "PASS"
+    assert got["out-of-place all_reduce 64 MiB, held"] == "PASS"
+    assert got["--cuda-graph out-of-place all_reduce"] == "PASS"
+    assert got["held rows covered by their hold"] == "PASS"
     data["nccl-held"] = fig(lambda n, r: 3 * r[2] if n <= 256 << 10 else r[0] * 1.2)
     data["nccl-graph"] = fig(lambda n, r: (r[2] or 30.0) * 2)
-    got = dict((t.split(":")[0], v) for t, v in gc.reference_lines(data))
-    assert got["held out-of-place all_reduce 8 B-256 KiB"] == "MISS" and got["held all_reduce 16 MiB"] == "MISS"
-    assert got["--cuda-graph out-of-place"] == "MISS"
+    got = {t[0]: t[3] for t in gc.targets(data)}
+    assert got["out-of-place all_reduce 8 B-256 KiB, held"] == "MISS" and got["out-of-place all_reduce 64 MiB, held"] == "MISS"
+    assert got["--cuda-graph out-of-place all_reduce"] == "MISS"
 
 
 def test_gpu_check_moe_rates_against_the_hbm_copy_rate():
