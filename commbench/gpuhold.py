@@ -155,6 +155,10 @@ class SleepHolds:
         self.torch = torch
         self.hz = clock_hz(torch)
         self.cap_s = hold_cap_s() if cap_s is None else cap_s
+        # The sleep kernel's first launch (its module loaded lazily) happens here, drained,
+        # not in front of the first held batch.
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
 
     def __call__(self, expected_s: float = 0.0) -> Hold:
         torch = self.torch
