@@ -374,3 +374,19 @@ def test_harness_passes_the_host_waits_as_lap_indices():
     _harness().time_steps(Comm(), Point("moe", 1, "float32", 8), lambda lap: None, Traffic(8, 1.0),
                           laps=("layout", "counts", "sync", "pack"), hold=True, host_waits=("sync",))
     assert seen == {"hold": True, "host_waits": (2,)}
+
+
+@needs_torch
+def test_ranks_agree_to_time_unheld_when_any_ranks_hold_ran_out():
+    """A held batch meets the other ranks on the host and an unheld one does not: one rank
+    going unheld alone would leave the others waiting at the meeting."""
+    from fake_cuda import Device, cuda_comm
+
+    dev = Device(cap_s=1.0)  # this rank's holds never run out
+    comm = cuda_comm(dev)
+    comm.size, comm._meet = 2, lambda: None
+    comm.max_over_ranks = lambda v: np.asarray(v, dtype=np.float64) + np.array([0.0, 1.0])[:len(v)]  # the peer's ran out
+    op = dev.kernel("k", 1e-6)
+    comm.time_ops(op, 2)
+    assert dev.expired() == 0
+    assert comm.last_timing["clock"] == "cuda_event" and "ran out once" in comm.last_timing["unheld_reason"]

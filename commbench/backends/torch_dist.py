@@ -220,7 +220,7 @@ class TorchComm(Comm):
                 return self._time_unheld(op, iters, barrier_each, self._expired_why())
             r = time_held(op, iters, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
                           per_op=per_op_events)
-            if not r.held.all():
+            if self._ran_out(not r.held.all()):
                 self._expired.add(op)
             self.last_timing = {**r.info(), **self._hold_fields(),
                                 "clock": "cuda_event_held" if self._hold_method != "none" else "cuda_event"}
@@ -250,6 +250,13 @@ class TorchComm(Comm):
                 r["unheld_reason"] = self._expired_why()
             self.last_timing = r
         return times
+
+    def _ran_out(self, mine: bool) -> bool:
+        """Did a hold run out on any rank? Every rank must then time the op unheld alike (a
+        held batch meets the other ranks on the host; an unheld one does not)."""
+        if self.size > 1:
+            return bool(self.max_over_ranks(np.array([float(mine)]))[0] > 0)
+        return bool(mine)
 
     def _hold_fields(self) -> dict:
         out = {"hold_method": self._hold_method}
@@ -292,10 +299,10 @@ class TorchComm(Comm):
         unheld)."""
         if self._batch_for is not op:
             r = time_held(op, 1, 10, self._holds(), self._event, self.torch.cuda.synchronize, meet=self._meet)
-            est = float(r.samples_s[0])
+            est, ran_out = float(r.samples_s[0]), float(not r.held.all())
             if self.size > 1:
-                est = float(self.max_over_ranks(np.array([est]))[0])
-            if not r.held.all():
+                est, ran_out = self.max_over_ranks(np.array([est, ran_out]))
+            if ran_out:
                 self._expired.add(op)
             self._batch_for, self._op_s = op, est
         return self._op_s
@@ -337,7 +344,7 @@ class TorchComm(Comm):
         out = time_steps_with_events(step, iters, nlaps, self._event, sync, between=between,
                                      hold=NoHold if expired else holds, meet=self._meet,
                                      host_waits=host_waits, info=info)
-        if not expired and not info["held"]:
+        if not expired and self._ran_out(not info["held"]):
             self._expired.add(step)
         self.last_timing = {"ops_per_sample": 1, **info, **self._hold_fields(),
                             "sample": "one step between events, stream held while it is enqueued",
