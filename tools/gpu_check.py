@@ -46,6 +46,7 @@ check (why)", and nothing run) -- 3, not 0, so that CI on a GPU-less runner neve
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -253,6 +254,8 @@ class Check:
         if cp.returncode != 2 or len(lines) != 1:
             raise Failed(f"two ranks on one GPU: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
         said.append(lines[0][-70:])
+        if importlib.util.find_spec("mpi4py") is None:
+            return " | ".join(said + ["mpi+cuda not tried: mpi4py is not importable"])
         cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "mpi", "--device", "cuda", "-b", "all_reduce",
                               "--sizes", "8"), self.out / "refusal-mpi-cuda.log", self.timeout)
         lines = (cp.stderr or "").strip().splitlines()
@@ -297,8 +300,6 @@ class Check:
         return "; ".join(out)
 
     def step_mpi_cupy(self) -> str:
-        import importlib.util
-
         for mod, why in (("cupy", f"cupy is not importable ({cupy_hint(self.env)})"),
                          ("mpi4py", "mpi4py is not importable")):
             if importlib.util.find_spec(mod) is None:
@@ -387,8 +388,6 @@ def preflight() -> tuple[int, str, dict]:
     """(0, "", env) when the check can run here, else (exit status, the one line saying what
     is missing, env). Cheap questions first: a GPU-less host answers without importing
     torch."""
-    import importlib.util
-
     exe = sys.executable
     env: dict = {}
     gpus = visible_gpus()
