@@ -262,7 +262,7 @@ def test_unheld_rows_and_moe_rows_are_judged():
     text = gc.table([("moe", "FAIL", "exit 1: boom"), ("hbm", "PASS", "ok")], gc.targets(data))
     lines = text.splitlines()
     assert lines[0].split() == ["target", "measured", "reference", "verdict"]
-    assert any(ln.startswith("step moe") and ln.rstrip().endswith("FAIL") for ln in lines)
+    assert any(ln.startswith("step moe") and ln.rstrip().endswith("FAIL (exit 1: boom)") for ln in lines)
     assert not any(ln.startswith("step hbm") for ln in lines)
 
 

@@ -131,7 +131,7 @@ def targets(data: dict, env: dict | None = None) -> list[Target]:
 
 def table(results: list[tuple[str, str, str]], rows: list[Target]) -> str:
     """The one table: the steps that did not pass (SKIP/FAIL, why), then every target."""
-    lines = [(f"step {n}", t, "-", s) for n, s, t in results if s != "PASS"] + list(rows)
+    lines = [(f"step {n}", "-", "-", f"{s} ({t})") for n, s, t in results if s != "PASS"] + list(rows)
     head = ("target", "measured", "reference", "verdict")
     w = [max(len(str(r[i])) for r in [head, *lines]) for i in range(3)]
     fmt = "  ".join(f"{{:{x}s}}" for x in w) + "  {}"
