@@ -92,7 +92,7 @@ def time_steps_with_events(step: Callable[[Callable[[], None]], None], iters: in
     events = [[event_factory() for _ in range(nlaps + 2)] for _ in range(iters)]
     # After a waiting stage the new hold goes up, then a restart event: the next stage is
     # timed from there, so the hold's own wait is in no stage.
-    restarts = [{k + 1: event_factory() for k in waits if k + 1 <= nlaps} for _ in range(iters)]
+    restarts: list[dict] = [{} for _ in range(iters)]
     covered_by: list[list[Hold]] = []
     host = np.empty(iters, dtype=np.float64)
     last_host_s = 0.0  # the host's time for the step before: how long a fixed-length hold must spin
@@ -124,6 +124,7 @@ def time_steps_with_events(step: Callable[[Callable[[], None]], None], iters: in
                 let_go()
             elif done in waits:
                 put_up()
+                restart[done + 1] = event_factory()
                 restart[done + 1].record()
         row[0].record()
         step(lap)

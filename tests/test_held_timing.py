@@ -390,3 +390,22 @@ def test_ranks_agree_to_time_unheld_when_any_ranks_hold_ran_out():
     comm.time_ops(op, 2)
     assert dev.expired() == 0
     assert comm.last_timing["clock"] == "cuda_event" and "ran out once" in comm.last_timing["unheld_reason"]
+
+
+def test_consecutive_host_waits_and_a_first_stage_that_waits():
+    from fake_cuda import Device
+
+    dev = Device(cap_s=1.0)
+    a, b = dev.host_wait("a", 1e-6), dev.host_wait("b", 1e-6)
+    c = dev.kernel("c", 7e-6)
+
+    def step(lap):
+        for stage in (a, b, c):
+            stage()
+            lap()
+    info: dict = {}
+    t, laps = timing.time_steps_with_events(step, 2, 3, dev.event, dev.drain, hold=dev.hold, meet=lambda: None,
+                                            host_waits=(0, 1), info=info, clock=lambda: dev.host)
+    assert dev.expired() == 0 and info["held"] is True
+    np.testing.assert_allclose(laps[:, 2], 7e-6, rtol=1e-6)
+    assert dev.log[:6] == ["a", "sync", "b", "sync", "hold", "c"]
