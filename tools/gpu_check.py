@@ -399,8 +399,10 @@ def preflight() -> tuple[int, str, dict]:
     if missing:
         return EXIT_MISSING, (f"{exe} lacks {', '.join(missing)}: run with an interpreter that has them "
                               f"(make gpu-check GPU_PY=/path/to/python)"), env
-    import torch
-
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 (a broken install: said in one line, not a traceback)
+        return EXIT_MISSING, f"{exe}: torch fails to import ({type(e).__name__}: {one_line(e, 120)})", env
     env.update(torch=torch.__version__, cuda=torch.version.cuda, gpus=max(gpus, 0))
     if not torch.version.cuda:
         return EXIT_NO_CUDA, (f"{NO_CUDA_LINE} ({exe}'s torch {torch.__version__} is a CPU build: "
@@ -419,8 +421,10 @@ def cupy_state(cuda: str | None) -> tuple[bool, str]:
         from cupy.cuda import nccl  # noqa: F401 (the out-of-place all_reduce needs it)
     except Exception as e:  # noqa: BLE001 (absent, or broken: either way optional)
         return False, f"cupy is not importable ({type(e).__name__}: {one_line(e, 80)})"
-    ver = cupy.cuda.runtime.runtimeGetVersion()  # e.g. 13000
-    major = str(ver // 1000)
+    try:
+        major = str(cupy.cuda.runtime.runtimeGetVersion() // 1000)  # e.g. 13000 -> 13
+    except Exception as e:  # noqa: BLE001
+        return False, f"cupy {cupy.__version__} cannot reach the CUDA runtime ({one_line(e, 80)})"
     if cuda and cuda.split(".")[0] != major:
         return False, f"cupy {cupy.__version__} is built for CUDA {major}, torch for CUDA {cuda}"
     return True, f"cupy {cupy.__version__} (CUDA {major})"
