@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_targets import (REF_ALL_REDUCE, cupy_hint, figures, fmt_gbps, fmt_us, load_previous,  # noqa: E402,F401
                          moe_rates, print_figures, read_rows, table, targets)
+
 NO_CUDA_LINE = "no CUDA device: nothing to check"
 EXIT_NO_CUDA, EXIT_MISSING = 3, 4
 REQUIRED = ("numpy", "pandas", "rich", "torch")
@@ -68,7 +69,6 @@ BENCHES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcas
 # 8 B to 64 MiB by 8x, and 64 MiB itself (the 8x range stops at 16 MiB).
 SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 BIG = 64 << 20
-
 
 
 class Skip(Exception):

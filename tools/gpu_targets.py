@@ -24,7 +24,8 @@ def p50(data: dict, run: str, bench: str, nbytes: int):
 
 
 def placements(data: dict, run: str, sizes) -> set:
-    return {(data.get(run, {}).get("all_reduce", {}).get(n) or (None,) * 4)[3] for n in sizes}
+    cells = [data.get(run, {}).get("all_reduce", {}).get(n) or () for n in sizes]
+    return {c[3] if len(c) > 3 else None for c in cells}
 
 
 def cupy_hint(env: dict) -> str:
