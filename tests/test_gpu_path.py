@@ -216,9 +216,7 @@ def _gpu_check():
 
 
 def _figures(f, place="out-of-place", held=True):
-    from gpu_targets import REF_ALL_REDUCE
-
-    return {"all_reduce": {n: (f(n, r), None, None, place, held) for n, r in REF_ALL_REDUCE.items()}}
+    return {"all_reduce": {n: (f(n, r), None, None, place, held) for n, r in _gpu_check().REF_ALL_REDUCE.items()}}
 
 
 def test_out_of_place_targets_need_out_of_place_rows():
