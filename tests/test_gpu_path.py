@@ -201,3 +201,160 @@ def test_report_shows_the_device_time_and_the_host_cost_beside_it(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "host (us/op)" in r.stdout and "22.40" in r.stdout and "placement" in r.stdout
     assert "sample = mean of 200 operations" in r.stdout and "in-place" in r.stdout
+
+
+# --- tools/gpu_check.py: runs on the GPU machine as it is, judges what it should ----------
+def _gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).resolve().parent.parent / "tools"
+                                                  / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _figures(f, place="out-of-place", held=True):
+    return {"all_reduce": {n: (f(n, r), None, None, place, held) for n, r in _gpu_check().REF_ALL_REDUCE.items()}}
+
+
+def test_out_of_place_targets_need_out_of_place_rows():
+    """An all_reduce that fell back to in place (no cupy) is nccl-tests' in-place column:
+    fast, and no evidence for the out-of-place targets."""
+    gc = _gpu_check()
+    fast = _figures(lambda n, r: 0.3, place="in-place")  # what an in-place fallback reads
+    data = {"nccl-held": fast, "nccl-graph": fast}
+    got = {t[0]: t[3] for t in gc.targets(data, {"cupy_ok": False, "cupy": "cupy is not importable", "cuda": "13.0"})}
+    for name in ("out-of-place all_reduce 8 B-256 KiB, held", "--cuda-graph out-of-place all_reduce",
+                 "out-of-place all_reduce 64 MiB, held"):
+        assert got[name].startswith("SKIP (rows are in-place: cupy is not importable"), got[name]
+        assert "cupy-cuda13x" in got[name]
+    got = {t[0]: t[3] for t in gc.targets(data, {"cupy_ok": True})}
+    assert got["out-of-place all_reduce 8 B-256 KiB, held"].startswith("MISS (rows are in-place")
+
+
+def test_large_message_agreement_is_judged_at_64_mib_not_at_the_l2_edge():
+    """16 MiB of source and destination fit the H200's L2: a device copy there beats
+    nccl-tests' eager figure for reasons that are not the collective's."""
+    gc = _gpu_check()
+    ref = gc.REF_ALL_REDUCE
+    data = {"nccl-held": _figures(lambda n, r: r[0] * (0.7 if n == 16 << 20 else 1.02))}
+    got = {t[0]: t for t in gc.targets(data)}
+    assert got["out-of-place all_reduce 64 MiB, held"][3] == "PASS"
+    assert got["out-of-place all_reduce 16 MiB, held"][3].startswith("INFO")
+    assert "+2.0%" in got["out-of-place all_reduce 64 MiB, held"][1] and str(ref[64 << 20][0]) in \
+        got["out-of-place all_reduce 64 MiB, held"][2]
+
+
+def test_unheld_rows_and_moe_rows_are_judged():
+    gc = _gpu_check()
+    data = {"nccl-held": _figures(lambda n, r: 1.0, held=False),
+            "moe": [{"stage": "dispatch", "check": "ok", "held": True, "params": {"copies": "rank"}, "time_us_p50": 900},
+                    {"stage": "combine", "check": "ok", "held": False, "params": {"copies": "rank"},
+                     "time_us_p50": 800}]}
+    got = {t[0]: t for t in gc.targets(data)}
+    assert got["held rows covered by their hold"][3] == "MISS"
+    assert got["moe on nccl, normal, DeepSeek-V3 shape, checks on"][3] == "MISS (1 row(s) not held)"
+    assert got["moe on nccl, low-latency, T=128, checks on"][3] == "SKIP (moe did not run)"
+    text = gc.table([("moe", "FAIL", "exit 1: boom"), ("hbm", "PASS", "ok")], gc.targets(data))
+    lines = text.splitlines()
+    assert lines[0].split() == ["target", "measured", "reference", "verdict"]
+    assert any(ln.startswith("step moe") and ln.rstrip().endswith("FAIL (exit 1: boom)") for ln in lines)
+    assert not any(ln.startswith("step hbm") for ln in lines)
+
+
+def test_every_step_is_time_boxed_and_the_budget_skips_what_it_cannot_fit(tmp_path):
+    gc = _gpu_check()
+    now = [0.0]
+    chk = gc.Check(tmp_path, budget_s=100.0, clock=lambda: now[0])
+
+    def slow():
+        now[0] += 96.0
+        return "done"
+
+    def late():
+        return f"{chk.timeout:.0f} s left"
+    res = gc.run_steps([("moe", slow), ("hbm", late), ("list", late)], chk)
+    assert [r[1] for r in res] == ["PASS", "SKIP", "SKIP"]
+    assert "budget is spent" in res[1][2]
+    now[0] = 0.0
+    chk = gc.Check(tmp_path, budget_s=100.0, clock=lambda: now[0])
+    res = gc.run_steps([("hbm", late), ("moe", late)], chk)
+    assert res[0][2].startswith("30 s left") and res[1][2].startswith("90 s left")  # each step's own box
+    chk = gc.Check(tmp_path, step_timeout=10.0, budget_s=100.0, clock=lambda: now[0])
+    assert gc.run_steps([("moe", late)], chk)[0][2].startswith("10 s left")
+    chk.start_step("moe")
+    now[0] += 9.5
+    with pytest.raises(gc.Failed, match="time box ran out"):
+        chk.timeout
+    # the real command is killed at its time box, and the step reads FAIL
+    with pytest.raises(gc.Failed, match="timed out after 1 s"):
+        gc.run_cmd(["sleep", "30"], tmp_path / "sleep.log", 1.0)
+
+
+def test_run_cmd_runs_the_checkout_in_place(tmp_path):
+    import sys
+
+    gc = _gpu_check()
+    cp = gc.run_cmd([sys.executable, "-c", "import commbench, os; print(commbench.__file__)"], tmp_path / "l.log", 30)
+    assert cp.stdout.strip().startswith(str(gc.ROOT / "commbench"))
+
+
+def test_gpu_check_says_in_one_line_what_is_missing(monkeypatch):
+    gc = _gpu_check()
+    monkeypatch.setattr(gc, "visible_gpus", lambda: 0)
+    rc, line, _ = gc.preflight()
+    assert rc == 3 and line.startswith("no CUDA device: nothing to check (") and "\n" not in line
+    monkeypatch.setattr(gc, "visible_gpus", lambda: 1)
+    import importlib.util
+
+    orig = importlib.util.find_spec
+    with monkeypatch.context() as m:
+        m.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("pandas", "rich") else orig(name, *a))
+        rc, line, _ = gc.preflight()
+    assert rc == 4 and "lacks pandas, rich" in line and "GPU_PY=" in line and "\n" not in line
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.version.cuda is None:  # this machine's CPU torch: said, not a traceback
+        rc, line, env = gc.preflight()
+        assert rc == 3 and "is a CPU build" in line and "GPU_PY=" in line
+
+
+def test_gpu_check_only_reruns_named_steps_and_keeps_the_others(tmp_path, monkeypatch, capsys):
+    gc = _gpu_check()
+    env = {"torch": "2.11.0+cu130", "cuda": "13.0", "gpus": 1, "cupy_ok": True, "cupy": "cupy 14.2 (CUDA 13)"}
+    monkeypatch.setattr(gc, "preflight", lambda: (0, "", env))
+    ran = []
+    for name in gc.STEP_LIMIT_S:
+        def step(self, name=name):
+            ran.append(name)
+            if name == "hbm":
+                self.data["hbm"] = {"copy_gbps": 2000.0, "h200_hbm_gbps": 4800.0}
+            if name == "moe":
+                raise gc.Failed("exit 1: boom")
+            return "fine"
+        monkeypatch.setattr(gc.Check, "step_" + name.replace("-", "_"), step)
+    assert gc.main(["--out", str(tmp_path)]) == 1
+    assert ran == list(gc.STEP_LIMIT_S)
+    ran.clear()
+    capsys.readouterr()
+    assert gc.main(["--out", str(tmp_path), "--only", "moe"]) == 1
+    assert ran == ["moe"]
+    out = capsys.readouterr().out
+    assert "step moe" in out and "HBM copy (read + write)" in out  # the earlier hbm figure is kept
+    assert gc.main(["--only", "moe,nope"]) == 2
+    assert "unknown step(s) nope" in capsys.readouterr().err
+
+
+def test_make_gpu_check_makes_no_venv_and_runs_no_pip():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cp = subprocess.run(["make", "-n", "gpu-check", "GPU_PY=/opt/py/bin/python3"], cwd=root, capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "/opt/py/bin/python3 tools/gpu_check.py" in cp.stdout and "PYTHONPATH=" in cp.stdout
+    assert "pip" not in cp.stdout and "venv" not in cp.stdout

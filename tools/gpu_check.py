@@ -1,39 +1,52 @@
 #!/usr/bin/env python3
-"""Every GPU path one GPU allows, in one short run (under 5 minutes on one H200).
+"""Every GPU path one GPU allows, in one short run (within 4 minutes on one H200).
 
-Steps, each a subprocess (the real CLI where it is a commbench run), each reported as
-PASS, SKIP (with why) or FAIL (with a one-line reason) without stopping the others:
+Runs on the GPU machine as it is: the interpreter that runs this script (the machine's own
+python3, or GPU_PY= through `make gpu-check`) runs the checkout in place (PYTHONPATH); no
+venv, no pip, no network. Before any step, one line says what is missing if anything is
+(no CUDA device, a CPU build of torch, numpy/pandas/rich/torch absent) and nothing runs.
+Optional parts (cupy, mpi4py, a CUDA-aware MPI, a second GPU) are skipped with the reason.
+
+Steps, each a subprocess (the real CLI where it is a commbench run), time-boxed (its own
+limit and what is left of the whole check's budget), reported as PASS, SKIP (with why) or
+FAIL (with a one-line reason) without stopping the others:
 
   list          `commbench list`: which benchmarks and backends this build has
   nccl-held     nccl world 1, the default timing (held batches: device time only), 5
                 collectives, 8 B .. 64 MiB; all_reduce out of place (cupy's NCCL)
   nccl-in-place the in-place all_reduce (torch.distributed's own)
-  nccl-unheld   COMMBENCH_NO_HOLD=1: events on an idle stream, the host's launch cost inside
-  nccl-per-op   --per-op-events: an event pair per operation inside held batches
   nccl-graph    --cuda-graph, held replays, out of place and in place
+  moe           moe at world 1 on nccl, checks on: normal mode at the DeepSeek-V3 shape,
+                low-latency at the decode shape; both held
+  hbm           device-to-device copy bandwidth (commbench.backends.gpuprobe) beside h200-hgx's HBM
   host-loop     torch.distributed's host cost per call by a perf_counter loop, beside the
                 rows' host_us_per_op
+  nccl-unheld   COMMBENCH_NO_HOLD=1: events on an idle stream, the host's launch cost inside
+  nccl-per-op   --per-op-events: an event pair per operation inside held batches
   refusals      two ranks on one GPU; CUDA buffers on a non-CUDA-aware MPI: one line, exit 2
-  mpi-cupy      backend mpi with cupy buffers, when the MPI is CUDA-aware
-  inswitch      the inswitch suite on nccl (its baseline is nccl-ring there)
-  moe           moe at world 1 on nccl, checks on
   overlap       the overlap benchmark (collective beside a GPU matrix multiply), if built
-  hbm           device-to-device copy bandwidth (commbench.backends.gpuprobe) beside h200-hgx's HBM
+  inswitch      the inswitch suite on nccl (its baseline is nccl-ring there)
+  mpi-cupy      backend mpi with cupy buffers, when the MPI is CUDA-aware
 
-Then the figures beside nccl-tests' on the same H200 (shared/reference/gpu-h200.md), as
-ratios, with the targets they must meet. Each step's output is kept in DIR/<step>.log,
-each run in DIR/<step>/, the summary in DIR/summary.json.
+Then one table: each target, what was measured, the reference (nccl-tests on the same H200,
+shared/reference/gpu-h200.md), and PASS / MISS / SKIP (why). Out-of-place targets need rows
+whose placement is out-of-place (cupy's NCCL); large messages are judged at 64 MiB, beyond
+the H200's L2. Each step's output is kept in DIR/<step>.log, each run in DIR/<step>/, the
+summary in DIR/summary.json; `--only STEP,...` reruns the named steps into the same DIR and
+the table keeps the other steps' earlier results.
 
-Usage: python tools/gpu_check.py [--out DIR] [--step-timeout S]
+Usage: python tools/gpu_check.py [--out DIR] [--only STEP,...] [--budget S] [--step-timeout S]
        (DIR defaults to results/gpu-check-<stamp>)
 
-Exit status: 0 every step passed or was skipped; 1 a step failed; 3 no CUDA device (one
-line, "no CUDA device: nothing to check", and nothing run) -- 3, not 0, so that CI on a
-GPU-less runner never reads "nothing checked" as a pass.
+Exit status: 0 every step passed or was skipped and no target missed; 1 a step failed or a
+target missed; 2 bad arguments; 3 no CUDA device (one line, "no CUDA device: nothing to
+check (why)", and nothing run) -- 3, not 0, so that CI on a GPU-less runner never reads
+"nothing checked" as a pass; 4 something required is missing (one line naming it).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -43,20 +56,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_targets import (REF_ALL_REDUCE, cupy_hint, figures, fmt_gbps, fmt_us, load_previous,  # noqa: E402,F401
+                         moe_rates, print_figures, read_rows, table, targets)
+
 NO_CUDA_LINE = "no CUDA device: nothing to check"
-EXIT_NO_CUDA = 3
+EXIT_NO_CUDA, EXIT_MISSING = 3, 4
+REQUIRED = ("numpy", "pandas", "rich", "torch")
+# The whole check ends within this many seconds (4 minutes, less the interpreter's start).
+BUDGET_S = 230.0
 BENCHES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 # 8 B to 64 MiB by 8x, and 64 MiB itself (the 8x range stops at 16 MiB).
 SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 BIG = 64 << 20
-
-# nccl-tests 2.19.6 on one H200, world 1, float sum (shared/reference/gpu-h200.md), us:
-# all_reduce per size: (eager out-of-place, eager in-place, -G out-of-place, -G in-place).
-REF_ALL_REDUCE = {8: (4.64, 0.22, 0.98, 0.02), 64: (4.62, 0.22, 1.13, 0.01), 512: (4.38, 0.22, 1.27, 0.01),
-                  4 << 10: (4.55, 0.21, 1.25, 0.01), 32 << 10: (4.48, 0.20, 1.36, 0.01),
-                  256 << 10: (4.51, 0.28, 1.44, 0.01), 2 << 20: (4.62, 0.24, 3.03, 0.01),
-                  16 << 20: (11.10, 0.22, 10.00, 0.01), 64 << 20: (34.88, 0.43, None, None)}
-REF_HOST_US = (22.0, 29.0)  # torch.distributed's host cost per call there (perf_counter loop)
 
 
 class Skip(Exception):
@@ -101,28 +113,6 @@ def exit_reason(cp: subprocess.CompletedProcess) -> str:
     return why
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    f = run_dir / "rows.jsonl"
-    if not f.is_file():
-        return []
-    rows = []
-    for line in f.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def figures(rows: list[dict]) -> dict:
-    """{benchmark: {nbytes: (p50 us, algbw GB/s, busbw GB/s)}} of a run's rows."""
-    out: dict = {}
-    for r in rows:
-        out.setdefault(r.get("benchmark"), {})[int(r.get("nbytes", 0))] = (
-            r.get("time_us_p50"), r.get("algbw_gbps"), r.get("busbw_gbps"))
-    return out
-
-
 def check_rows(rows: list[dict], want_clock: str | None) -> None:
     if not rows:
         raise Failed("the run wrote no rows")
@@ -136,19 +126,39 @@ def check_rows(rows: list[dict], want_clock: str | None) -> None:
             raise Failed(f"rows timed with clock {other[0]}, expected {want_clock}")
 
 
-def fmt_us(x) -> str:
-    return "-" if x is None else f"{x:.2f} us" if x < 1000 else f"{x / 1000:.3g} ms"
-
-
-def fmt_gbps(x) -> str:
-    return "-" if x is None else f"{x:.1f} GB/s"
+# Each step's own time box (seconds); the whole check's budget caps them all.
+STEP_LIMIT_S = {"list": 30, "nccl-held": 60, "nccl-in-place": 30, "nccl-graph": 60, "moe": 90, "hbm": 30,
+                "host-loop": 30, "nccl-unheld": 30, "nccl-per-op": 30, "refusals": 40, "overlap": 45,
+                "inswitch": 60, "mpi-cupy": 40}
 
 
 class Check:
-    def __init__(self, out: Path, step_timeout: float):
-        self.out, self.timeout = out, step_timeout
+    def __init__(self, out: Path, step_timeout: float | None = None, budget_s: float = BUDGET_S,
+                 env: dict | None = None, clock=time.monotonic):
+        self.out, self.step_timeout, self.clock = out, step_timeout, clock
+        self.budget_s = budget_s
+        self.deadline = self.step_deadline = clock() + budget_s
+        self.env = env or {}
         self.benchmarks: list[str] = []
         self.data: dict = {}
+
+    def left(self) -> float:
+        """Seconds left of the whole check's budget."""
+        return self.deadline - self.clock()
+
+    def start_step(self, name: str) -> None:
+        limit = STEP_LIMIT_S.get(name, 60)
+        if self.step_timeout:
+            limit = min(limit, self.step_timeout)
+        self.step_deadline = min(self.deadline, self.clock() + limit)
+
+    @property
+    def timeout(self) -> float:
+        """What is left of the running step's time box: each command gets that much."""
+        left = self.step_deadline - self.clock()
+        if left < 1:
+            raise Failed("its time box ran out")
+        return left
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "commbench", *args]
@@ -235,6 +245,8 @@ class Check:
         return f"; rows' host_us_per_op (all_reduce) {host[0]:.1f}-{host[-1]:.1f} us" if host else ""
 
     def step_refusals(self) -> str:
+        if self.env.get("gpus", 1) > 1:
+            raise Skip(f"{self.env['gpus']} GPUs visible: two ranks do not have to share one here")
         said = []
         cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "nccl", "-b", "all_reduce", "--sizes", "8"),
                      self.out / "refusal-two-ranks.log", self.timeout)
@@ -242,6 +254,8 @@ class Check:
         if cp.returncode != 2 or len(lines) != 1:
             raise Failed(f"two ranks on one GPU: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
         said.append(lines[0][-70:])
+        if importlib.util.find_spec("mpi4py") is None:
+            return " | ".join(said + ["mpi+cuda not tried: mpi4py is not importable"])
         cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "mpi", "--device", "cuda", "-b", "all_reduce",
                               "--sizes", "8"), self.out / "refusal-mpi-cuda.log", self.timeout)
         lines = (cp.stderr or "").strip().splitlines()
@@ -256,7 +270,7 @@ class Check:
     def step_inswitch(self) -> str:
         run_dir = self.out / "inswitch"
         cp = run_cmd(self.cli("run", "inswitch", "--np", "1", "--backend", "nccl", "--worlds", "1", "--sizes",
-                              "8,1M,64M", "--out", str(run_dir)), self.out / "inswitch.log", self.timeout * 2)
+                              "8,1M,64M", "--out", str(run_dir)), self.out / "inswitch.log", self.timeout)
         if cp.returncode:
             raise Failed(exit_reason(cp))
         rows = read_rows(run_dir)
@@ -286,9 +300,7 @@ class Check:
         return "; ".join(out)
 
     def step_mpi_cupy(self) -> str:
-        import importlib.util
-
-        for mod, why in (("cupy", "cupy is not importable (pip install cupy-cuda12x)"),
+        for mod, why in (("cupy", f"cupy is not importable ({cupy_hint(self.env)})"),
                          ("mpi4py", "mpi4py is not importable")):
             if importlib.util.find_spec(mod) is None:
                 raise Skip(why)
@@ -332,135 +344,140 @@ class Check:
         return text
 
 
-def run_steps(steps) -> list[tuple[str, str, str]]:
-    """(name, PASS|SKIP|FAIL, text) per step; a step's failure never stops the next."""
+def run_steps(steps, chk: Check | None = None) -> list[tuple[str, str, str]]:
+    """(name, PASS|SKIP|FAIL, text) per step; a step's failure never stops the next. With a
+    Check, each step runs in its time box, and a step the budget leaves no time for is
+    skipped, saying so."""
     results = []
     for name, fn in steps:
         t0 = time.monotonic()
-        try:
-            status, text = "PASS", fn()
-        except Skip as e:
-            status, text = "SKIP", str(e)
-        except Failed as e:
-            status, text = "FAIL", str(e)
-        except Exception as e:  # noqa: BLE001 - any failure is one step's FAIL
-            status, text = "FAIL", f"{type(e).__name__}: {one_line(e)}"
+        if chk is not None and chk.left() < 5:
+            status, text = "SKIP", f"the check's {chk.budget_s:.0f} s budget is spent"
+        else:
+            if chk is not None:
+                chk.start_step(name)
+            try:
+                status, text = "PASS", fn()
+            except Skip as e:
+                status, text = "SKIP", str(e)
+            except Failed as e:
+                status, text = "FAIL", str(e)
+            except Exception as e:  # noqa: BLE001 - any failure is one step's FAIL
+                status, text = "FAIL", f"{type(e).__name__}: {one_line(e)}"
         text = f"{text} [{time.monotonic() - t0:.0f} s]"
         print(f"{name:12s} {status:4s}  {text}", flush=True)
         results.append((name, status, text))
     return results
 
 
-def p50(data: dict, run: str, bench: str, nbytes: int):
-    return data.get(run, {}).get(bench, {}).get(nbytes, (None,))[0]
+def visible_gpus() -> int:
+    """GPUs the driver shows (commbench.backends.gpus, without importing torch), or -1 when
+    that cannot be asked (numpy absent); any /dev/nvidiaN counts as a sign of one."""
+    try:
+        sys.path.insert(0, str(ROOT))
+        from commbench.backends.gpus import visible_gpus as driver_gpus
+    except ImportError:
+        return -1
+    n = driver_gpus()
+    if n == 0 and os.environ.get("CUDA_VISIBLE_DEVICES") is None and list(Path("/dev").glob("nvidia[0-9]*")):
+        return -1  # device nodes without the driver's /proc list: ask torch
+    return n
 
 
-def reference_lines(data: dict) -> list[tuple[str, str]]:
-    """(line, verdict) for each target of the GPU timing against nccl-tests' figures."""
-    out = []
-
-    def judge(text, ok):
-        out.append((text, "n/a" if ok is None else ("PASS" if ok else "MISS")))
-    small = [n for n in REF_ALL_REDUCE if n <= 256 << 10]
-    rat = [p50(data, "nccl-held", "all_reduce", n) for n in small]
-    if all(r is not None for r in rat):
-        worst = max(r / REF_ALL_REDUCE[n][2] for r, n in zip(rat, small))
-        judge(f"held out-of-place all_reduce 8 B-256 KiB: worst {worst:.2f}x nccl-tests -G (target <= 2x)", worst <= 2)
-    ip = [p50(data, "nccl-in-place", "all_reduce", n) for n in REF_ALL_REDUCE]
-    if all(r is not None for r in ip):
-        judge(f"held in-place all_reduce: max {max(ip):.2f} us (target < 1 us)", max(ip) < 1.0)
-    for n in (16 << 20, 64 << 20):
-        r = p50(data, "nccl-held", "all_reduce", n)
-        if r is not None:
-            ref = REF_ALL_REDUCE[n][0]
-            judge(f"held all_reduce {n >> 20} MiB: {r:.2f} us vs {ref} ({r / ref - 1:+.1%}, target within 5 %)",
-                  abs(r / ref - 1) <= 0.05)
-    # In place the -G reference is ~0.01 us (a no-op at world 1): shown, not judged as a ratio.
-    ratios = [p50(data, "nccl-graph", "all_reduce", n) / ref[2] for n, ref in REF_ALL_REDUCE.items()
-              if ref[2] and p50(data, "nccl-graph", "all_reduce", n) is not None]
-    if ratios:
-        judge(f"--cuda-graph out-of-place: worst {max(ratios):.2f}x nccl-tests -G (target <= 1.25x)", max(ratios) <= 1.25)
-    host = data.get("host-loop", {}).get("perf_counter_us_per_call")
-    if host is not None:
-        judge(f"host cost: perf_counter loop {host:.1f} us a call (reference {REF_HOST_US[0]:g}-{REF_HOST_US[1]:g})",
-              None)
-    return out
-
-
-def moe_rates(rows: list[dict], copy_gbps: float | None) -> list[str]:
-    """The device path's own work beside the HBM copy rate (issue target: at least half):
-    layout + pack + unpack move the dispatched rows once each way (received rows, the most
-    loaded rank's logical bytes, both into and out of the send and receive tables), the
-    combine reduce reads the returned rows."""
-    out = []
-    for r in rows:
-        p50 = {k[9:]: v for k, v in r.items() if k.startswith("stage_us_")}
-        moved = float(r.get("logical_nbytes") or 0)
-        if r.get("stage") == "dispatch":
-            t = sum(p50.get(k, 0.0) for k in ("layout", "pack", "unpack"))
-            what = "layout+pack+unpack"
-        else:
-            t = p50.get("reduce", 0.0)
-            what = "reduce"
-        if t > 0 and moved > 0:
-            gbps = moved / (t * 1e3)
-            ratio = f" = {gbps / copy_gbps:.2f} of the HBM copy rate {copy_gbps:.0f} GB/s" if copy_gbps else ""
-            out.append(f"moe {r['params'].get('copies')} {r['stage']}: {what} {t:.1f} us for {moved / 1e6:.1f} MB: "
-                       f"{gbps:.0f} GB/s{ratio}")
-    return out
-
-
-def print_figures(data: dict) -> None:
-    for line in moe_rates(data.get("moe", []), (data.get("hbm") or {}).get("copy_gbps")):
-        print(f"  {line}")
-    runs = [r for r in ("nccl-held", "nccl-in-place", "nccl-unheld", "nccl-per-op", "nccl-graph",
-                        "nccl-graph-in-place") if r in data]
-    if not runs:
-        return
-    print("\nall_reduce p50 (us), world 1, beside nccl-tests on one H200 (eager oop / in-place, -G oop / in-place)")
-    print(f"{'size':>8s}" + "".join(f"{r:>20s}" for r in runs) + f"{'nccl-tests':>30s}")
-    for n, ref in REF_ALL_REDUCE.items():
-        cells = [p50(data, r, "all_reduce", n) for r in runs]
-        print(f"{n:>8d}" + "".join(f"{'-' if c is None else f'{c:.2f}':>20s}" for c in cells)
-              + f"{' / '.join('-' if x is None else f'{x:g}' for x in ref):>30s}")
-    for text, verdict in reference_lines(data):
-        print(f"  {verdict:4s} {text}")
-
-
-def cuda_available() -> bool:
+def preflight() -> tuple[int, str, dict]:
+    """(0, "", env) when the check can run here, else (exit status, the one line saying what
+    is missing, env). Cheap questions first: a GPU-less host answers without importing
+    torch."""
+    exe = sys.executable
+    env: dict = {}
+    gpus = visible_gpus()
+    if gpus == 0:
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        why = f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "the NVIDIA driver lists no GPU"
+        return EXIT_NO_CUDA, f"{NO_CUDA_LINE} ({why})", env
+    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing:
+        return EXIT_MISSING, (f"{exe} lacks {', '.join(missing)}: run with an interpreter that has them "
+                              f"(make gpu-check GPU_PY=/path/to/python)"), env
     try:
         import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+    except Exception as e:  # noqa: BLE001 (a broken install: said in one line, not a traceback)
+        return EXIT_MISSING, f"{exe}: torch fails to import ({type(e).__name__}: {one_line(e, 120)})", env
+    env.update(torch=torch.__version__, cuda=torch.version.cuda, gpus=max(gpus, 0))
+    if not torch.version.cuda:
+        return EXIT_NO_CUDA, (f"{NO_CUDA_LINE} ({exe}'s torch {torch.__version__} is a CPU build: "
+                              f"GPU_PY= an interpreter with a CUDA torch)"), env
+    if not torch.cuda.is_available():
+        return EXIT_NO_CUDA, f"{NO_CUDA_LINE} (torch {torch.__version__} with CUDA {torch.version.cuda} sees none)", env
+    env["gpus"] = torch.cuda.device_count()
+    env["cupy_ok"], env["cupy"] = cupy_state(env["cuda"])
+    return 0, "", env
+
+
+def cupy_state(cuda: str | None) -> tuple[bool, str]:
+    """(usable, what): cupy importable, with NCCL, built for torch's CUDA major version."""
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401 (the out-of-place all_reduce needs it)
+    except Exception as e:  # noqa: BLE001 (absent, or broken: either way optional)
+        return False, f"cupy is not importable ({type(e).__name__}: {one_line(e, 80)})"
+    try:
+        major = str(cupy.cuda.runtime.runtimeGetVersion() // 1000)  # e.g. 13000 -> 13
+    except Exception as e:  # noqa: BLE001
+        return False, f"cupy {cupy.__version__} cannot reach the CUDA runtime ({one_line(e, 80)})"
+    if cuda and cuda.split(".")[0] != major:
+        return False, f"cupy {cupy.__version__} is built for CUDA {major}, torch for CUDA {cuda}"
+    return True, f"cupy {cupy.__version__} (CUDA {major})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--out", help="result directory (default results/gpu-check-<stamp>)")
-    ap.add_argument("--step-timeout", type=float, default=150.0, help="seconds per step (default 150)")
+    ap.add_argument("--only", help="comma-separated steps to run (default all): " + ", ".join(STEP_LIMIT_S))
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole check (default {BUDGET_S:g})")
+    ap.add_argument("--step-timeout", type=float, default=None, help="cap every step's own time box (seconds)")
     args = ap.parse_args(argv)
-    if not cuda_available():
-        print(NO_CUDA_LINE)
-        return EXIT_NO_CUDA
+    only = [x.strip() for x in (args.only or "").split(",") if x.strip()]
+    unknown = [x for x in only if x not in STEP_LIMIT_S]
+    if unknown or (args.only is not None and not only):
+        print(f"gpu_check: --only: unknown step(s) {', '.join(unknown) or '(none given)'} "
+              f"(steps: {', '.join(STEP_LIMIT_S)})", file=sys.stderr)
+        return 2
+    if args.budget <= 0 or (args.step_timeout is not None and args.step_timeout <= 0):
+        print("gpu_check: --budget and --step-timeout must be positive seconds", file=sys.stderr)
+        return 2
+    rc, line, env = preflight()
+    if rc:
+        print(line)
+        return rc
     out = Path(args.out or f"results/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    chk = Check(out, args.step_timeout)
-    print(f"gpu check: {out}", flush=True)
-    results = run_steps([("list", chk.step_list), ("nccl-held", chk.step_nccl_held),
-                         ("nccl-in-place", chk.step_nccl_in_place), ("nccl-unheld", chk.step_nccl_unheld),
-                         ("nccl-per-op", chk.step_nccl_per_op), ("nccl-graph", chk.step_nccl_graph),
-                         ("host-loop", chk.step_host_loop), ("refusals", chk.step_refusals),
-                         ("mpi-cupy", chk.step_mpi_cupy), ("inswitch", chk.step_inswitch), ("moe", chk.step_moe),
-                         ("overlap", chk.step_overlap), ("hbm", chk.step_hbm)])
+    before, data = load_previous(out) if only else ({}, {})
+    chk = Check(out, args.step_timeout, args.budget, env)
+    chk.data.update(data)
+    print(f"gpu check: {out} (torch {env.get('torch')}, CUDA {env.get('cuda')}, {env.get('gpus')} GPU(s); "
+          f"{env.get('cupy')})", flush=True)
+    steps = [(n, getattr(chk, "step_" + n.replace("-", "_"))) for n in STEP_LIMIT_S]
+    if only and "list" not in only and any(n in only for n in ("overlap",)):
+        only.insert(0, "list")  # overlap asks list which benchmarks this build has
+    ran = run_steps([(n, fn) for n, fn in steps if not only or n in only], chk)
+    done = {n: (s, t) for n, s, t in ran}
+    results = [(n, *done[n]) if n in done else (n, *before[n]) for n, _ in steps if n in done or n in before]
     print_figures(chk.data)
+    rows = targets(chk.data, env)
+    print("\n" + table(results, rows))
     failed = [n for n, s, _ in results if s == "FAIL"]
+    missed = [r[0] for r in rows if str(r[3]).startswith("MISS")]
     (out / "summary.json").write_text(json.dumps(
-        {"steps": [{"step": n, "status": s, "text": t} for n, s, t in results],
-         "figures": {k: ({b: {str(n): v for n, v in d.items()} for b, d in v.items()}
-                         if k.startswith("nccl") or k == "mpi-cupy" else v) for k, v in chk.data.items()}}, indent=2, default=str) + "\n")
-    print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all steps passed or skipped'} ({out})")
-    return 1 if failed else 0
+        {"steps": [{"step": n, "status": s, "text": t} for n, s, t in results], "env": env,
+         "targets": [dict(zip(("target", "measured", "reference", "verdict"), r)) for r in rows],
+         "data": {k: ({b: {str(n): v for n, v in d.items()} for b, d in v.items()}
+                      if k.startswith("nccl") or k == "mpi-cupy" else v) for k, v in chk.data.items()}},
+        indent=2, default=str) + "\n")
+    verdict = [f"FAILED: {', '.join(failed)}"] if failed else []
+    verdict += [f"MISSED: {len(missed)} target(s)"] if missed else []
+    print(f"\n{'; '.join(verdict) or 'every step passed or was skipped, no target missed'} ({out})")
+    return 1 if failed or missed else 0
 
 
 if __name__ == "__main__":

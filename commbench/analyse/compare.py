@@ -253,7 +253,6 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     import pandas as pd
 
     if not threshold_pct >= 0:
-    
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0

@@ -5,8 +5,10 @@ Two holds, best first:
 
 - FlagHolds: a one-thread kernel (compiled by cupy) spinning on a flag in host-mapped
   memory, released when the host sets the flag. It cannot end early: it spins until the
-  flag is set, up to a cap of HOLD_CAP_S, and says (a second mapped word) when the cap ran
-  out, which is the only way it can fail to cover its batch.
+  flag is set, up to a cap (hold_cap_s: COMMBENCH_HOLD_CAP_S, default DEFAULT_HOLD_CAP_S),
+  and says (a second mapped word) when the cap ran out, which is the only way it can fail
+  to cover its batch. The kernel is compiled and launched once when the factory is made,
+  so a cupy that cannot build or run it falls back before any timing, with the reason.
 - SleepHolds: torch.cuda._sleep(cycles), a fixed spin, when cupy is not installed. It can
   end before the host has enqueued the batch; an event recorded after it tells, when the
   host releases, whether it had already ended, and the batch is then flagged. Its length is
@@ -18,12 +20,19 @@ and is tested on the CPU with a simulated stream.
 from __future__ import annotations
 
 import ctypes
+import os
 
+from commbench.core.errors import UsageError
 from .timing import Hold
 
-# The longest a hold spins: a rank whose host never releases (a peer that died before the
-# meeting) must not hang its GPU for ever; the watchdog ends the run long before.
-HOLD_CAP_S = 30.0
+# The longest a hold spins. A host that waits for the device while its stream is held (a
+# call that synchronizes, a first launch that loads a module) stalls until the cap, and a
+# peer that died before the meeting must not hang the GPU for ever. A held batch is
+# enqueued in a few ms (200 calls at 25 us), so one second is a wide margin, and an op whose
+# hold ran out once is timed unheld for the rest of its point (TorchComm), so a stall costs
+# one cap, not one per batch.
+DEFAULT_HOLD_CAP_S = 1.0
+HOLD_CAP_ENV = "COMMBENCH_HOLD_CAP_S"
 # SleepHolds spin this many times the host's last enqueue time, and at least MIN_SLEEP_S.
 SLEEP_MARGIN = 4.0
 MIN_SLEEP_S = 5e-3
@@ -36,6 +45,22 @@ extern "C" __global__ void commbench_hold(volatile int *flag, int *expired, long
     }
 }
 """
+
+
+def hold_cap_s(environ=None) -> float:
+    """The hold's cap in seconds: COMMBENCH_HOLD_CAP_S when set (a positive number of
+    seconds, at most an hour), else DEFAULT_HOLD_CAP_S."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(HOLD_CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HOLD_CAP_S
+    try:
+        cap = float(raw)
+    except ValueError:
+        cap = float("nan")
+    if not 0 < cap <= 3600:  # nan fails too
+        raise UsageError(f"{HOLD_CAP_ENV}={raw!r}: expected seconds, a number above 0 and at most 3600")
+    return cap
 
 
 def clock_hz(torch) -> float:
@@ -63,14 +88,25 @@ class FlagHolds:
 
     SLAB = 4096
 
-    def __init__(self, torch):
+    def __init__(self, torch, cap_s: float | None = None):
         import cupy
 
         self.torch, self.cupy = torch, cupy
+        self.cap_s = hold_cap_s() if cap_s is None else cap_s
         self.kernel = cupy.RawKernel(_KERNEL, "commbench_hold")
-        self.cap = int(HOLD_CAP_S * clock_hz(torch))
+        self.cap = int(self.cap_s * clock_hz(torch))
         self._slabs: list = []
         self._next = self.SLAB
+        # RawKernel compiles on its first launch: launch it here, released before it starts,
+        # and wait, so a compile or launch failure happens now (make_holds falls back) and
+        # not inside the first timed batch, and the module is loaded before any hold.
+        try:
+            hold = self()
+            hold.release()
+            torch.cuda.current_stream().synchronize()
+        except BaseException:
+            self.close()
+            raise
 
     def _words(self):
         rt = self.cupy.cuda.runtime
@@ -115,13 +151,18 @@ class _SleepHold(Hold):
 class SleepHolds:
     """torch.cuda._sleep holds, sized from the host's enqueue time of the last batch."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, cap_s: float | None = None):
         self.torch = torch
         self.hz = clock_hz(torch)
+        self.cap_s = hold_cap_s() if cap_s is None else cap_s
+        # The sleep kernel's first launch (its module loaded lazily) happens here, drained,
+        # not in front of the first held batch.
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
 
     def __call__(self, expected_s: float = 0.0) -> Hold:
         torch = self.torch
-        spin_s = max(MIN_SLEEP_S, SLEEP_MARGIN * expected_s)
+        spin_s = min(self.cap_s, max(MIN_SLEEP_S, SLEEP_MARGIN * expected_s))
         torch.cuda._sleep(int(spin_s * self.hz))
         end = torch.cuda.Event()
         end.record()
@@ -131,10 +172,13 @@ class SleepHolds:
         pass
 
 
-def make_holds(torch):
-    """(factory, method name): the flag-released hold where cupy can compile it, else the
-    fixed sleep."""
+def make_holds(torch, cap_s: float | None = None):
+    """(factory, method name, why the flag hold is not used or None): the flag-released hold
+    where cupy can compile and launch it here, else the fixed sleep."""
+    cap_s = hold_cap_s() if cap_s is None else cap_s
     try:
-        return FlagHolds(torch), "flag"
-    except Exception:  # noqa: BLE001 (no cupy, or it cannot compile here: fall back, and rows say so)
-        return SleepHolds(torch), "sleep"
+        return FlagHolds(torch, cap_s), "flag", None
+    except Exception as e:  # noqa: BLE001 (no cupy, or it cannot compile here: fall back, and rows say so)
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        why = f"flag hold unavailable ({type(e).__name__}{': ' + first if first else ''})"
+        return SleepHolds(torch, cap_s), "sleep", why

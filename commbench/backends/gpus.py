@@ -9,6 +9,7 @@ import os
 import subprocess
 
 from commbench.core.errors import UsageError
+from commbench.backends.gpuhold import hold_cap_s
 from commbench.core.whoami import detect, find_mpirun, local_ranks
 
 
@@ -95,7 +96,9 @@ def check_cuda_aware_mpi(given: bool, bindir: str | None = None) -> str:
 def check_gpu_path(backend: str, device: str, np_: int | None, cuda_aware: bool) -> None:
     """Before any rank initialises: one GPU per NCCL rank on this host (np_: a local launch's
     ranks; under a cluster launcher, the ranks it put on this host), and CUDA buffers only on
-    an MPI that takes them."""
+    an MPI that takes them; a hold cap (COMMBENCH_HOLD_CAP_S) that is a number of seconds."""
+    if device == "cuda":
+        hold_cap_s()
     if backend == "nccl":
         visible = visible_gpus()
         if visible:  # none: backends.availability says so

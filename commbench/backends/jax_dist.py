@@ -34,6 +34,8 @@ from commbench.core.errors import UsageError
 from .base import Comm, Handle
 from commbench.backends.mpi import aligned_empty
 from commbench.backends.rendezvous import prepare_torch_env
+from commbench.backends.jax_moe import JaxMoE
+from commbench.backends.rendezvous import prepare_rendezvous
 
 AXIS = "ranks"  # the mesh axis every collective names
 
@@ -323,7 +325,6 @@ class JaxComm(Comm):
 
     # --- memory ------------------------------------------------------------------------
     def alloc(self, count, dtype):
-
         return aligned_empty(count, np_dtype(dtype))
 
     def fill(self, buf, values):
@@ -397,8 +398,6 @@ class JaxComm(Comm):
         if kind != "normal":
             raise UsageError(f"backend jax: moe {kind} is not implemented (mode=normal, path=flat only)")
         if getattr(self, "_moe", None) is None:
-            from .jax_moe import JaxMoE
-
             self._moe = JaxMoE(self)
         return self._moe
 
@@ -451,8 +450,6 @@ class JaxBackend:
                                  f"sets it), or COMMBENCH_JAX_COORDINATOR=host:port")
         port = int(os.environ["MASTER_PORT"]) + (1 if os.environ.get("TORCHELASTIC_RUN_ID") else 0)
         if info.world > 1:  # the torch backends' check: an address a rank cannot reach is one line, at once
-            from commbench.backends.rendezvous import prepare_rendezvous
-
             prepare_rendezvous(os.environ["MASTER_ADDR"], str(port))
         return f"{os.environ['MASTER_ADDR']}:{port}"
 

@@ -68,40 +68,81 @@ def time_steps_with_events(step: Callable[[Callable[[], None]], None], iters: in
                            between: Callable[[], None] | None = None,
                            elapsed: Callable[[object, object], float] | None = None,
                            hold: Callable[[float], "Hold"] | None = None,
-                           meet: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                           meet: Callable[[], None] | None = None, host_waits: tuple = (),
+                           info: dict | None = None,
+                           clock: Callable[[], float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Comm.time_steps on the device's stream: an event before each step, one at each of its
     nlaps lap() calls and one after it; the host waits once, after the loop. Returns
     per-iteration seconds and each stage's seconds (iters, nlaps). hold: each step enqueued
-    behind a hold (timing.time_held's discipline), released after meet()."""
-    iters = int(iters)
-    elapsed = elapsed or _default_elapsed
-    events = [[event_factory() for _ in range(nlaps + 2)] for _ in range(iters)]
+    behind a hold (timing.time_held's discipline), released after meet().
+
+    host_waits: indices of the stages that wait for the device on the host (moe's split
+    sizes read by .tolist()). A hold still up then would stall the host until its cap, so
+    the hold is released (after meet()) when the stage before ends, and a new one goes up
+    when the waiting stage ends: every other stage is enqueued behind a hold.
+
+    info, if given, receives what time_held's rows carry: whether every hold covered its
+    step ("held", "unheld_samples"), the host's enqueue time per step ("host_us_per_op")."""
     import time as _time
 
+    iters = int(iters)
+    elapsed = elapsed or _default_elapsed
+    clock = clock or _time.perf_counter
+    waits = frozenset(int(k) for k in host_waits)
+    events = [[event_factory() for _ in range(nlaps + 2)] for _ in range(iters)]
+    # After a waiting stage the new hold goes up, then a restart event: the next stage is
+    # timed from there, so the hold's own wait is in no stage.
+    restarts: list[dict] = [{} for _ in range(iters)]
+    covered_by: list[list[Hold]] = []
+    host = np.empty(iters, dtype=np.float64)
     last_host_s = 0.0  # the host's time for the step before: how long a fixed-length hold must spin
-    for row in events:
-        h = hold(last_host_s) if hold is not None else None
-        t0 = _time.perf_counter()
+    for i, row in enumerate(events):
+        mine: list[Hold] = []
+        up: list = [None]  # the hold now on the stream, if any
+
+        def put_up(mine=mine, up=up):
+            if hold is not None:
+                up[0] = hold(last_host_s)
+                mine.append(up[0])
+
+        def let_go(up=up):
+            if up[0] is not None:
+                if meet is not None:
+                    meet()
+                up[0].release()
+                up[0] = None
+        if 0 not in waits:
+            put_up()
+        t0 = clock()
         j = [1]
 
-        def lap(row=row, j=j):
+        def lap(row=row, j=j, restart=restarts[i]):
             row[j[0]].record()
+            done = j[0] - 1  # the stage that just ended
             j[0] += 1
+            if done + 1 in waits:
+                let_go()
+            elif done in waits:
+                put_up()
+                restart[done + 1] = event_factory()
+                restart[done + 1].record()
         row[0].record()
         step(lap)
         row[-1].record()
         if j[0] != nlaps + 1:
             raise RuntimeError(f"a timed step called lap() {j[0] - 1} times, expected {nlaps}")
-        last_host_s = _time.perf_counter() - t0
-        if h is not None:
-            if meet is not None:
-                meet()
-            h.release()
+        last_host_s = host[i] = clock() - t0
+        let_go()
+        covered_by.append(mine)
         if between is not None:
             between()
     synchronize()
-    seg = np.array([[elapsed(row[k], row[k + 1]) for k in range(nlaps + 1)] for row in events],
-                   dtype=np.float64).reshape(iters, nlaps + 1) * 1e-3
+    seg = np.array([[elapsed(rs.get(k, row[k]), row[k + 1]) for k in range(nlaps + 1)]
+                    for row, rs in zip(events, restarts)], dtype=np.float64).reshape(iters, nlaps + 1) * 1e-3
+    if info is not None:
+        held = np.array([bool(hs) and all(h.covered() for h in hs) for hs in covered_by], dtype=bool)
+        info.update(held=bool(held.all()), unheld_samples=int((~held).sum()),
+                    host_us_per_op=float(np.median(host)) * 1e6 if iters else None)
     return seg.sum(axis=1), seg[:, :nlaps]
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import weakref
 from datetime import timedelta
 
 import numpy as np
 
 from commbench.core.errors import UsageError
-from commbench.backends.timing import NoHold, choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
+from commbench.backends.gpuhold import hold_cap_s, make_holds
+from commbench.backends.timing import (NoHold, choose_ops_per_batch, choose_ops_per_replay, time_held, time_steps_with_events, time_with_events, time_with_graph)
 from .base import Comm, Handle
-from commbench.backends.timing import time_steps_with_events
 
 
 # commbench dtype -> cupy.cuda.nccl's name for it.
@@ -42,8 +43,14 @@ class TorchComm(Comm):
         self._warm_stream = None
         # Held-batch timing (CUDA): the hold factory, made on first use; the device time of the
         # op last sized; the gloo group the ranks meet on before a release.
-        self._hold_factory, self._hold_method = None, None
+        self._hold_factory, self._hold_method, self._hold_fallback = None, None, None
         self._batch_for, self._op_s = None, float("nan")
+        # Ops and steps already run once unheld (a first call may block the host until the
+        # device drains: lazy module loading, cuBLAS's first handle, NCCL's connection
+        # set-up), and those whose hold ran out once: timed unheld from then on. Both by
+        # identity, and a point prepares its own ops and steps, so both last one point.
+        self._warmed = _IdentitySet()
+        self._expired = _IdentitySet()
         self.host_group = host_group
         self.last_timing: dict = {}
         self._dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -140,7 +147,11 @@ class TorchComm(Comm):
         return run
 
     def barrier_op(self):
-        return functools.partial(self.dist.barrier, group=self.group)
+        op = functools.partial(self.dist.barrier, group=self.group)
+        # ProcessGroupNCCL's barrier work synchronizes the current stream in wait(): behind a
+        # hold the host would stall until the hold's cap, so time_ops never holds it.
+        op.host_waits = self.device == "cuda"
+        return op
 
     def iall_reduce(self, send, recv):
         work = self.dist.all_reduce(recv, group=self.group, async_op=True)
@@ -186,24 +197,39 @@ class TorchComm(Comm):
         per operation instead). barrier_each (OSU's method): batches of one operation, so
         every operation starts together on every rank. cuda_graph: operations captured in
         one CUDA graph, each held replay one sample, divided by the operations it holds.
+
+        Never held: an op that waits for the device on the host (op.host_waits: the nccl
+        barrier), and an op whose hold ran out once in this point; both are timed with an
+        event pair each on an idle stream, and their rows say why. Every op runs once
+        unheld, the device drained after it, before its first held batch.
         self.last_timing: the row fields that say how the samples were taken."""
         if self.device != "cuda":  # suite.check_backend refuses cuda_graph off CUDA
             return super().time_ops(op, iters, barrier_each)
         torch = self.torch
         holds = self._holds()
+        if getattr(op, "host_waits", False) or (op in self._expired and not cuda_graph):
+            why = ("it waits for the device on the host (a hold would stall it until the cap)"
+                   if getattr(op, "host_waits", False) else self._expired_why())
+            return self._time_unheld(op, iters, barrier_each, why)
+        self._first_unheld(op)
         if not cuda_graph:
             self.last_ops_per_replay = None
             n = 1 if barrier_each or per_op_events else choose_ops_per_batch(self._device_op_s(op))
+            if op in self._expired:  # the sizing batch's hold ran out
+                return self._time_unheld(op, iters, barrier_each, self._expired_why())
             r = time_held(op, iters, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
                           per_op=per_op_events)
-            self.last_timing = {**r.info(), "hold_method": self._hold_method,
+            if self._ran_out(not r.held.all()):
+                self._expired.add(op)
+            self.last_timing = {**r.info(), **self._hold_fields(),
                                 "clock": "cuda_event_held" if self._hold_method != "none" else "cuda_event"}
             return r.samples_s
         info: dict = {}
         held: list = []
+        hold_for = holds if op not in self._expired else NoHold
 
         def time_replays(replay, n):
-            res = time_held(replay, n, 1, holds, self._event, torch.cuda.synchronize, meet=self._meet)
+            res = time_held(replay, n, 1, hold_for, self._event, torch.cuda.synchronize, meet=self._meet)
             held.append(res)
             return res.samples_s
         # Operations per replay from the op's device time (a held batch), not from eager events,
@@ -218,32 +244,76 @@ class TorchComm(Comm):
             host = r.get("host_us_per_op")
             r.update(ops_per_sample=k, sample=f"mean of the {k} operations of one held CUDA-graph replay; "
                                               f"percentiles over replays",
-                     host_us_per_op=None if host is None else host / k, hold_method=self._hold_method)
+                     host_us_per_op=None if host is None else host / k, **self._hold_fields())
+            if hold_for is NoHold:
+                r["unheld_reason"] = self._expired_why()
             self.last_timing = r
         return times
+
+    def _ran_out(self, mine: bool) -> bool:
+        """Did a hold run out on any rank? Every rank must then time the op unheld alike (a
+        held batch meets the other ranks on the host; an unheld one does not)."""
+        if self.size > 1:
+            return bool(self.max_over_ranks(np.array([float(mine)]))[0] > 0)
+        return bool(mine)
+
+    def _hold_fields(self) -> dict:
+        out = {"hold_method": self._hold_method}
+        if self._hold_fallback:
+            out["hold_fallback"] = self._hold_fallback
+        return out
+
+    def _expired_why(self) -> str:
+        return (f"its hold ran out once (cap {hold_cap_s():g} s, {HOLD_CAP_HINT}): timed unheld for the rest "
+                f"of this point")
+
+    def _time_unheld(self, op, iters, barrier_each, why: str):
+        """An event pair around each call on an idle stream: the host's launch cost is in the
+        samples, and the row says so and why."""
+        torch = self.torch
+        self.last_ops_per_replay = None
+        between = self.barrier_op() if barrier_each else None
+        t = time_with_events(op, iters, self._event, torch.cuda.synchronize, between=between)
+        self.last_timing = {"ops_per_sample": 1, "sample": "one operation between an event pair on an idle stream",
+                            "held": False, "unheld_samples": int(iters), "clock": "cuda_event",
+                            "unheld_reason": why, **self._hold_fields()}
+        if getattr(op, "host_waits", False):
+            self.last_timing["hold_method"] = "none"  # by design: nothing to warn about
+        return t
+
+    def _first_unheld(self, fn, run=None) -> None:
+        """fn's first call, unheld, then the device drained: whatever a first launch does on
+        the host (load a module, make a handle, connect NCCL) happens here, not behind a
+        hold. run() calls it (a step: with a lap that times nothing)."""
+        if fn in self._warmed:
+            return
+        (run or fn)()
+        self.torch.cuda.synchronize()
+        self._warmed.add(fn)
 
     def _device_op_s(self, op) -> float:
         """One operation's device time, from one held batch of 10, to size batches and graph
         replays. Asked once per prepared op; every rank takes the slowest rank's figure, so
-        all run the same counts."""
+        all run the same counts. A hold that ran out marks the op (time_ops then times it
+        unheld)."""
         if self._batch_for is not op:
             r = time_held(op, 1, 10, self._holds(), self._event, self.torch.cuda.synchronize, meet=self._meet)
-            est = float(r.samples_s[0])
+            est, ran_out = float(r.samples_s[0]), float(not r.held.all())
             if self.size > 1:
-                est = float(self.max_over_ranks(np.array([est]))[0])
+                est, ran_out = self.max_over_ranks(np.array([est, ran_out]))
+            if ran_out:
+                self._expired.add(op)
             self._batch_for, self._op_s = op, est
         return self._op_s
 
     def _holds(self):
         if self._hold_factory is None:
-            from commbench.backends.gpuhold import make_holds
-
             # COMMBENCH_NO_HOLD=1: events on an idle stream, as before holds (a diagnostic:
             # it shows what the host's launch cost does to the samples; rows say unheld).
             if os.environ.get("COMMBENCH_NO_HOLD") == "1":
                 self._hold_factory, self._hold_method = NoHold, "none"
             else:
-                self._hold_factory, self._hold_method = make_holds(self.torch)
+                self._hold_factory, self._hold_method, self._hold_fallback = make_holds(self.torch)
         return self._hold_factory
 
     def _meet(self):
@@ -252,17 +322,36 @@ class TorchComm(Comm):
         if self.size > 1:
             self.dist.barrier(group=self.host_group)
 
-    def time_steps(self, step, iters, nlaps, barrier_each=False, hold=False):
+    def time_steps(self, step, iters, nlaps, barrier_each=False, hold=False, host_waits=()):
         """CPU: the host clock (Comm.time_steps). CUDA: the laps as events on the current
-        stream; hold: the stream held while the host enqueues each step and the ranks meet
-        (only for steps that never wait for the device on the host)."""
+        stream; hold: the stream held while the host enqueues each step and the ranks meet,
+        released before the stages in host_waits (indices of stages that wait for the
+        device on the host) and put up again after them. A held step runs once unheld first;
+        a step whose hold ran out once is timed unheld for the rest of the point. Rows get
+        the same coverage fields as held ops (self.last_timing)."""
         if self.device != "cuda":
             return super().time_steps(step, iters, nlaps, barrier_each)
-
         between = functools.partial(self.dist.barrier, group=self.group) if barrier_each else None
-        kw = {"hold": self._holds(), "meet": self._meet} if hold else {}
-        return time_steps_with_events(step, iters, nlaps, self._event, self.torch.cuda.synchronize, between=between,
-                                      **kw)
+        sync = self.torch.cuda.synchronize
+        if not hold:
+            self.last_timing = {"clock": "cuda_event"}
+            return time_steps_with_events(step, iters, nlaps, self._event, sync, between=between)
+        holds = self._holds()
+        self._first_unheld(step, lambda: step(lambda: None))
+        expired = step in self._expired
+        info: dict = {}
+        out = time_steps_with_events(step, iters, nlaps, self._event, sync, between=between,
+                                     hold=NoHold if expired else holds, meet=self._meet,
+                                     host_waits=host_waits, info=info)
+        if not expired and self._ran_out(not info["held"]):
+            self._expired.add(step)
+        self.last_timing = {"ops_per_sample": 1, **info, **self._hold_fields(),
+                            "sample": "one step between events, stream held while it is enqueued",
+                            "clock": "cuda_event_held" if self._hold_method != "none" else "cuda_event"}
+        if expired:
+            self.last_timing.update(sample="one step between events on an idle stream", clock="cuda_event",
+                                    unheld_reason=self._expired_why())
+        return out
 
     # --- CUDA graph plumbing (torch.cuda) -------------------------------------------
     def _event(self):
@@ -296,6 +385,30 @@ class TorchComm(Comm):
         graph.replay()
 
 
+HOLD_CAP_HINT = "COMMBENCH_HOLD_CAP_S sets it"
+
+
+class _IdentitySet:
+    """Objects by identity, held weakly where they allow it (functions and partials do), so
+    an id is never reused for a later point's op."""
+
+    def __init__(self):
+        self._weak: weakref.WeakSet = weakref.WeakSet()
+        self._strong: dict = {}
+
+    def add(self, obj) -> None:
+        try:
+            self._weak.add(obj)
+        except TypeError:
+            self._strong[id(obj)] = obj
+
+    def __contains__(self, obj) -> bool:
+        try:
+            return obj in self._weak
+        except TypeError:
+            return id(obj) in self._strong
+
+
 class TorchBackend:
     def __init__(self, name: str, device: str | None):
         self.name = name
@@ -310,6 +423,7 @@ class TorchBackend:
         import torch.distributed as dist
 
         if self.device == "cuda":
+            hold_cap_s()  # a bad COMMBENCH_HOLD_CAP_S is refused before any rank connects
             torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if key not in os.environ:

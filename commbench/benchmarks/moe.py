@@ -40,6 +40,7 @@ from .base import Benchmark, Param, Traffic, register
 from .moe_hier import HierarchicalPath
 from .moe_host import HEADER, EnginePath, HostPath, _no_lap, regroup_perm, send_order
 from .moe_ll import LowLatencyPath
+from commbench.benchmarks.moe_jax import JaxPath, refusal
 
 MODES = ("normal", "low_latency")
 PATHS = ("flat", "hierarchical")
@@ -90,7 +91,9 @@ class DevicePath(EnginePath):
     name = "torch"
     dispatch_stages = ("layout", "counts", "sync", "pack", "a2a", "unpack")
     combine_stages = ("pack", "a2a", "reduce")
-
+    # Held on a device: only the sync stage reads the device on the host (.tolist()).
+    hold = True
+    host_waits = {"dispatch": ("sync",)}
 
     def setup(self, comm, plan: MoEPlan) -> DeviceBufs:
         p = plan.point.params
@@ -219,8 +222,6 @@ class MoE(Benchmark):
         if backend in self.host_only_on and odd:
             return f"moe {', '.join(odd)} runs on the device path (gloo, nccl), not on {backend}"
         if backend == "jax":  # its own engine, over ragged_all_to_all where that runs (moe_jax.py)
-            from .moe_jax import refusal
-
             return refusal(device, odd)
         return None
 
@@ -283,8 +284,6 @@ class MoE(Benchmark):
         """The device path where the backend has one (torch: gloo, nccl), in the mode and
         path asked; else the host path (refused for anything but flat normal: refusal())."""
         if comm.backend == "jax":  # stages of its own, no host sync (moe_jax.py); flat normal only
-            from .moe_jax import JaxPath
-
             return JaxPath(comm.device_moe())
         if comm.device_moe() is None:
             return HostPath()
@@ -352,10 +351,10 @@ class MoE(Benchmark):
             mine = [acc[k] for k in keys] + [max(acc["logical_nbytes"], acc["sent_logical_nbytes"])]
             *mx, moved = comm.max_over_ranks(np.array(mine, dtype=np.float64))
             traffic = Traffic(int(moved), self.busbw_factor(world))
-            # Held on a device only where the step never waits for it on the host (the normal
-            # mode's sync stage does).
+            # Held on a device, the hold let go before each stage that waits for the device
+            # on the host (the normal mode's sync) and put up again after it.
             frag, _ = harness.time_steps(comm, point, lambda lap, fn=fn: fn(comm, b, lap), traffic, stage=stage,
-                                         laps=names, hold=b.path.hold)
+                                         laps=names, hold=b.path.hold, host_waits=b.path.host_waits.get(stage, ()))
             t_us = frag["time_us_p50"]
             extra = {}
             # The hierarchical path has two all-to-all stages (a2a_out, a2a_in).

@@ -56,6 +56,9 @@ class HierarchicalPath(EnginePath):
     name = "torch"
     dispatch_stages = ("layout", "counts", "sync", "a2a_out", "forward", "a2a_in", "unpack")
     combine_stages = ("pack", "a2a_in", "forward", "a2a_out", "reduce")
+    # Held on a device: sync and forward read split sizes on the host (.tolist()).
+    hold = True
+    host_waits = {"dispatch": ("sync", "forward")}
 
     def __init__(self, engine):
         super().__init__(engine)

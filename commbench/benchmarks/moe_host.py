@@ -135,6 +135,9 @@ class ExchangePath:
     its own, and a release after the point."""
 
     hold = False  # a step that never waits for the device on the host may be timed held
+    # Per stage ("dispatch", "combine"): the laps that wait for the device on the host; a
+    # held step lets its hold go before them and puts it up again after (TorchComm.time_steps).
+    host_waits: dict = {}
 
     def accounting(self, plan, rank: int, node_of_rank, row_nbytes: int) -> dict:
         return M.dispatch_bytes(plan.layout.send_counts, plan.matrix[:, rank], rank, node_of_rank, row_nbytes)

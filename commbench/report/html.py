@@ -20,6 +20,7 @@ from commbench.core.errors import UsageError
 from commbench.report import plots
 from commbench.report.terminal import rejudge_rows, skipped_variants, variant_comparisons
 from commbench.store.results import load, load_meta
+from commbench.analyse.ceilings import load_profile
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -514,8 +515,6 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         raise UsageError(f"{', '.join(map(str, paths))}: no rows to report")
     if profile is not None:
         if not hasattr(profile, "scaleup_line_gbps"):
-            from commbench.analyse.ceilings import load_profile
-
             profile = load_profile(profile)
         df = _rejudge(df, metas, profile)
     out = Path(out_dir)

@@ -251,7 +251,6 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
 
 
 def report_runs(paths, profile=None) -> None:
-
     for p in paths:
         meta = load_meta(p)
         if meta:

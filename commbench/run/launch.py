@@ -10,6 +10,7 @@ from pathlib import Path
 from commbench.backends.rendezvous import free_port
 from commbench.core.errors import UsageError
 from commbench.core.whoami import LaunchInfo, detect, find_mpirun, local_ranks, node_ids  # noqa: F401 (the launch's facts)
+from commbench.store.results import RunDir
 
 
 # Variables that name one launch (a job step), so the ranks of one launch on one host can
@@ -160,8 +161,6 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
             signal.signal(sig, h)
     interrupted = status == 130
     if out_dir:
-        from commbench.store.results import RunDir
-
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
         RunDir(out_dir).settle(status, interrupted or bool(got), why)
     return status
@@ -229,7 +228,6 @@ def _wait_job(procs, got: list[int], out_dir=None) -> int:
             if drain_at is not None and stop_at is None and time.monotonic() > drain_at:
                 why = f"ranks had not exited {max(GRACE_S, timeout_s):g} s after the run was marked: stopped"
                 print(f"commbench: error: {why}", file=sys.stderr, flush=True)
-                from commbench.store.results import RunDir
 
                 RunDir(out_dir).note_teardown(why)
                 status = status or EXIT_TEARDOWN_HUNG

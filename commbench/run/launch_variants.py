@@ -14,6 +14,9 @@ from . import launch
 from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
 from commbench.run.variants import lookup
 from commbench.store.results import RunDir, Status, base_meta, overall_status
+from commbench.backends.torch_dist import symm_mem_support
+from commbench.report.terminal import variant_tables
+from commbench.store.results import load
 
 
 def mpi_flavor() -> str:
@@ -64,8 +67,6 @@ def capabilities(backend: str, device: str, probe: bool = True) -> tuple[str, di
     if device == "cuda":
         why = None
         if probe:
-            from commbench.backends.torch_dist import symm_mem_support
-
             why = symm_mem_support()
         caps = {"nvls": True, "collnet": True, "symm_mem": True if why is None else why}
     return flavor, caps
@@ -96,9 +97,6 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
             break
     _finish_meta(out, cfg, skipped, library)
     if Path(out, "rows.jsonl").is_file():
-        from commbench.report.terminal import variant_tables
-        from commbench.store.results import load
-
         if vplan.note:
             print(f"note: {vplan.note}", flush=True)
         df = load(out)

@@ -26,6 +26,8 @@ from commbench.run.guard import Guard
 from commbench.run.plan import point_seconds
 from commbench.run.variants import BUILTIN, lookup
 from commbench.store.results import RunLock, held_by_my_launcher
+from commbench.backends import mpi_timeloop
+from commbench.report.terminal import analysis_tables, print_tables
 
 
 PROBE_BUDGET_S = 30.0
@@ -65,7 +67,6 @@ class Harness:
     to how time is taken is made there, once, for every benchmark."""
 
     def __init__(self, cfg: suite_mod.SuiteConfig, guard=None, variant=None):
-
         self.cfg = cfg
         self.guard = guard
         self.variant = variant or BUILTIN["default"]
@@ -112,7 +113,8 @@ class Harness:
             # Never silently: a batch whose hold ended before the host finished enqueueing it
             # may hold host time.
             frag["warning"] = (f"{info.get('unheld_samples')} of {len(times)} samples were not covered by the "
-                               f"stream hold: they may include host launch time")
+                               f"stream hold: they may include host launch time"
+                               + (f" ({info['unheld_reason']})" if info.get("unheld_reason") else ""))
         return frag, extra
 
     def time_op(self, comm, point, op, traffic, stage: str = "") -> dict:
@@ -130,27 +132,33 @@ class Harness:
         return frag
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
-                   barrier_each: bool | None = None, after_each=None, hold: bool = False) -> tuple[dict, np.ndarray]:
+                   barrier_each: bool | None = None, after_each=None, hold: bool = False,
+                   host_waits: tuple = ()) -> tuple[dict, np.ndarray]:
         """A multi-stage step (moe's dispatch, overlap's overlapped run): step(lap) runs one
         iteration and calls lap() after each stage named in `laps`. The fragment gets
         stage_us_<name> (median over iterations of the slowest rank's time); the per-iteration
         stage seconds (slowest rank) come back too. barrier_each: None follows cfg.timing.
         after_each(i), if given, runs after iteration i outside its timing (a benchmark's own
         per-iteration bookkeeping). hold: on a device, hold the stream while each step is
-        enqueued (only for a step that never waits for the device on the host)."""
+        enqueued; host_waits: the names of the stages in `laps` that wait for the device on
+        the host (the hold is let go before them and put up again after)."""
         barrier = self.barrier_each if barrier_each is None else barrier_each
         kw = {"hold": True} if hold else {}
+        if hold and host_waits:
+            kw["host_waits"] = tuple(laps.index(name) for name in host_waits)
+        count = [0]
+
+        def counted(lap):
+            step(lap)
+            after_each(count[0])
+            count[0] += 1
+        # One step object for every call (warm-up and timed loop): a backend that keys
+        # per-step state by identity (TorchComm's first unheld run) sees the same step.
+        run = step if after_each is None else counted
 
         def timer(n):
-            if after_each is None:
-                return comm.time_steps(step, n, len(laps), barrier, **kw)
-            count = [0]
-
-            def counted(lap):
-                step(lap)
-                after_each(count[0])
-                count[0] += 1
-            return comm.time_steps(counted, n, len(laps), barrier, **kw)
+            count[0] = 0
+            return comm.time_steps(run, n, len(laps), barrier, **kw)
         frag, lap_s = self._sample(comm, timer, traffic, stage)
         lap_s = comm.max_over_ranks(lap_s.ravel()).reshape(lap_s.shape) if lap_s.size else lap_s
         frag.update({f"stage_us_{name}": float(np.median(lap_s[:, i])) * 1e6 for i, name in enumerate(laps)})
@@ -199,7 +207,6 @@ class Progress:
     (COMMBENCH_TTY_PATH) instead, or it would show only at the end."""
 
     def __init__(self, todo: list, enabled: bool, cfg):
-
         self.enabled = enabled
         self.tty = enabled and stdout_is_tty()
         self.total, self.done = len(todo), 0
@@ -394,8 +401,6 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     prior = (RunDir(out_dir).read_meta().get("ceilings") if world.rank == 0 and reuse_ceiling else None)
     prior = world.allgather_obj(prior)[0]
     if prior and prior.get("fields"):
-        from commbench.analyse import ceilings
-
         fields = {k: v for k, v in prior["fields"].items() if k in ceilings.Profile.__dataclass_fields__}
         profile = ceilings.Profile(**fields)
         prof_meta = prior
@@ -452,8 +457,6 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                          "profile_overrides": profile_overrides or {}})
             meta["versions"].update(backend.versions())
             if ctx.backend_name == "mpi" and backend.device == "cpu":
-                from commbench.backends import mpi_timeloop
-
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
         v = ctx.variant
@@ -520,7 +523,6 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
         rd.finish(overall_status(rd.meta["variants"]),
                   f"{len(failed)} point(s) failed the data check" if failed else None)
-        from commbench.report.terminal import analysis_tables, print_tables
 
         print_tables(rows)
         analysis_tables(rows)

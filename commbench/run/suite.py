@@ -112,7 +112,6 @@ def _params(v, key, suite):
 
 
 def _variant_tables(v, key, suite):
-
     # Stored as plain tables, so the config goes into meta.json as it is.
     return {n: var.__dict__ for n, var in parse_suite_variants(v, f"suite {suite}").items()}
 
