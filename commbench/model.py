@@ -197,6 +197,7 @@ def _lg(p: int) -> int:
 # NCCL's names for the algorithms it runs; the others are MPI-style and NCCL never picks them.
 NCCL_NAMES = {"ring": "Ring", "tree": "Tree"}
 TREE_BW_FACTOR = 0.92  # NCCL src/graph/tuning.cc: a tree all_reduce reaches 0.92 of the link
+NVLS_TREE_NET_FACTOR = 6 / 5  # tuning.cc: NVLSTree's bus to algorithm bandwidth ratio is 5/6
 
 
 def _bound(lat: float, nvl: float, nic: float) -> str:
@@ -231,8 +232,8 @@ def all_reduce_detail(algo: str, p: int, nbytes: float, fabric: Fabric) -> dict:
       min(B_up, R_net) (rail-parallel rings);
     - tree (NCCL Tree): 2((G-1) a_up + lg N a_nic) + 2S / (0.92 min(B_up, R_net));
     - inswitch: NVLS in a domain, a_up + (S + ramp p) / A (A the in-switch S/t); above a
-      domain NVLSTree, phases overlapped: max((S + ramp G) / A, k S / R_net), k = 1 on two
-      domains, 2 above (NCCL tuning.cc halves the tree's inter bandwidth there); at <= 4
+      domain NVLSTree, phases overlapped: max((S + ramp G) / A, 6/5 k S / R_net), k = 1 on two
+      domains, 2 above (NCCL tuning.cc: 5/6 of bwInter, halved above 2 nodes); at <= 4
       GPUs a domain NVLS runs as the ring. A profile without an in-switch rate gets a
       generic switch at the link rate: a + S(p+1)/(p B);
     - hierarchical: reduce-scatter in the domain, all_reduce of S/G across, all_gather,
@@ -270,7 +271,8 @@ def all_reduce_detail(algo: str, p: int, nbytes: float, fabric: Fabric) -> dict:
             lat, name = up.alpha_us, "NVLS"
         else:
             out = _scaleout(fabric, "NVLSTree all_reduce")
-            k = 1 if N <= 2 else 2
+            # NCCL tuning.cc: NVLSTree runs the network at 5/6 of bwInter, halved above 2 nodes
+            k = (1 if N <= 2 else 2) * NVLS_TREE_NET_FACTOR
             nic = k * S / (_net_gbps(G, fabric, "NVLSTree") * 1e3)
             lat, name = 2 * up.alpha_us + 2 * _lg(N) * out.alpha_us, "NVLSTree"
     elif algo in ("ring", "tree"):
