@@ -456,6 +456,14 @@ def cmd_model(args) -> int:
     if args.against is not None:
         from .model_check import cmd_against
 
+        # each row of the table names its own profile, world, size and shape
+        given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
+                                                      "hidden", "experts", "topk", "max_groups", "nic_gbps",
+                                                      "scaleup_GBps", "domain_gpus")
+                 if getattr(args, k, None) is not None]
+        if given:
+            raise UsageError(f"--against takes profiles, worlds, sizes and shapes from the table's rows; "
+                             f"drop {', '.join(given)}")
         return cmd_against(args.against or None, console, plain)
     worlds = args.worlds or [8, 16, 32, 64, 128, 256, 512, 1024]
     if any(w < 1 for w in worlds):

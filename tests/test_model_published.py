@@ -202,6 +202,11 @@ def test_model_against_bad_files_are_one_line_errors(tmp_path, text, needle):
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_model_against_refuses_flags_the_table_sets():
+    r = run_cli("model", "--against", "--profile", "h100-hgx")
+    assert r.returncode == 2 and "drop --profile" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_all_reduce_output_says_which_algorithm_nccl_would_pick():
     r = run_cli("model", "--kind", "all_reduce", "--profile", "gb300-nvl72", "--sizes", "1G", "--worlds", "8,1024")
     assert r.returncode == 0, r.stderr
