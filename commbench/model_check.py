@@ -97,6 +97,23 @@ def _row_bytes(r: dict) -> int:
     return accounting.token_bytes(_moe_shape(r)["hidden"], "fp8" if r["stage"] == "dispatch" else "bf16")
 
 
+def expected_groups_hit(E: int, N: int, K: int, M: int) -> float:
+    """Distinct groups (nodes) a token reaches under DeepEP's test routing: the M groups with
+    the highest best score, then the top K experts of those (tests/test_internode.py: scores
+    i.i.d., group_idx = topk(group max), topk_idx = topk(masked scores)). Walking the experts
+    from the best down, the chosen groups are the first M seen, so a token reaches
+    min(M, D_K) groups, D_K the distinct groups among the K best experts of all E, whose law
+    is exact by inclusion-exclusion: P(D = d) = C(N, d) sum_i (-1)^i C(d, i) C((d-i) a, K) / C(E, K),
+    a = E/N experts a group."""
+    a = E // N
+    total = math.comb(E, K)
+    exp = 0.0
+    for d in range(1, min(N, K) + 1):
+        covers = sum((-1) ** i * math.comb(d, i) * math.comb((d - i) * a, K) for i in range(d + 1))
+        exp += min(M, d) * math.comb(N, d) * covers / total
+    return exp
+
+
 def published_bytes(r: dict) -> float:
     """The bytes the row's source divides by its time (MEASURES at the top of published.toml)."""
     p = r["world"]
@@ -108,8 +125,7 @@ def published_bytes(r: dict) -> float:
         return p * T * accounting.q_at_least_one(E, E / p, K) * _row_bytes(r)
     G = 8  # DeepEP's NVLink domain (NUM_MAX_NVL_PEERS)
     N = p // G
-    m = min(N, s["groups"])
-    return T * m * accounting.q_at_least_one(m * E / N, E / N, K) * _row_bytes(r)
+    return T * expected_groups_hit(E, N, K, min(N, s["groups"])) * _row_bytes(r)
 
 
 def published_time_us(r: dict) -> float:

@@ -37,7 +37,7 @@ class Profile:
     scaleup_link: str = ""
     scaleup_line_gbps: float | None = None
     scaleup_achieved_gbps: float | None = None
-    scaleup_inswitch_achieved_gbps: float | None = None  # NVLS busbw seen: information only
+    scaleup_inswitch_achieved_gbps: float | None = None  # NVLS busbw at large sizes on inswitch_gpus GPUs
     scaleup_domain_gpus: int | None = None  # None: the domain is one host (loopback)
     scaleup_latency_us: float | None = None
     scaleout_link: str | None = None

@@ -68,9 +68,29 @@ def test_byte_definitions_are_the_sources_own():
     nodes = 4 * (1 - math.comb(192, 8) / math.comb(256, 8))
     assert nodes == pytest.approx(3.614, abs=1e-3)
     assert mc.published_time_us(r) == pytest.approx(4096 * nodes * 2 * 7168 / 57e3)
-    # at EP64 (8 nodes) the top-4 groups hold 128 experts: 4 q(128, 32, 8)
+    assert mc.expected_groups_hit(256, 4, 8, 4) == pytest.approx(4 * acc.q_at_least_one(256, 64, 8))
+    assert mc.expected_groups_hit(256, 2, 8, 2) == pytest.approx(2 * acc.q_at_least_one(256, 128, 8))
+    # at EP64 (8 nodes) the 4 groups with the best expert are picked first, then the top 8 of
+    # them: a token reaches min(4, D_8) nodes, D_8 the nodes among the 8 best of all 256
     r = {"measure": "deepep_rdma_GBps", "world": 64, "tokens": 4096, "stage": "dispatch", "published": 51}
-    assert mc.published_bytes(r) == pytest.approx(4096 * 4 * acc.q_at_least_one(128, 32, 8) * 7392)
+    assert mc.expected_groups_hit(256, 8, 8, 4) == pytest.approx(3.983, abs=0.002)
+    assert mc.published_bytes(r) == pytest.approx(4096 * mc.expected_groups_hit(256, 8, 8, 4) * 7392)
+
+
+def test_group_limited_routing_matches_a_simulation_of_deepeps_test():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    T, E, N, K, M = 20000, 256, 8, 8, 4
+    s = np.abs(rng.standard_normal((T, E))) + 1
+    best = s.reshape(T, N, -1).max(axis=2)
+    chosen = np.argsort(-best, axis=1)[:, :M]
+    keep = np.zeros((T, N), bool)
+    np.put_along_axis(keep, chosen, True, axis=1)
+    masked = np.where(np.repeat(keep, E // N, axis=1), s, 0)
+    top = np.argsort(-masked, axis=1)[:, :K] // (E // N)
+    hit = np.mean([len(set(row)) for row in top])
+    assert hit == pytest.approx(mc.expected_groups_hit(E, N, K, M), abs=0.01)
 
 
 # ------------------------------------------------------------------ all_reduce as NCCL runs it
