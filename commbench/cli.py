@@ -460,7 +460,7 @@ def cmd_model(args) -> int:
         given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
                                                       "hidden", "experts", "topk", "max_groups", "nic_gbps",
                                                       "scaleup_GBps", "domain_gpus")
-                 if getattr(args, k, None) is not None]
+                 if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else [])
         if given:
             raise UsageError(f"--against takes profiles, worlds, sizes and shapes from the table's rows; "
                              f"drop {', '.join(given)}")

@@ -320,7 +320,7 @@ def nccl_pick(p: int, nbytes: float, fabric: Fabric) -> dict:
     best = min(options, key=lambda a: got[a]["time_us"])
     d = got[best]
     others = ", ".join(f"{got[a]['nccl']} {got[a]['time_us']:.4g} us" for a in options if a != best)
-    why = f"{d['nccl']} fastest ({d['bound']}); " + (f"then {others}" if others else "no other")
+    why = f"{d['nccl']} fastest by this model ({d['bound']}); " + (f"then {others}" if others else "no other")
     if "inswitch" not in options:
         why += f"; NVLS not offered: {nvls_usable(p, fabric)}"
     return {"algo": best, **d, "why": why}

@@ -19,6 +19,7 @@ from . import model as M
 from .errors import UsageError
 from .moe import accounting
 from .profiles import load_profile
+from .units import fmt_size
 
 BOUND_RATIO = 1.5  # every held-out row within 1/1.5 .. 1.5 of its published time
 MEDIAN_BAND = (0.85, 1.15)  # each group's held-out median ratio
@@ -213,8 +214,6 @@ def cmd_against(path, console, plain: bool) -> int:
     """Print the table and the summary; exit status 0 when the held-out rows pass, else 1."""
     from rich import box
     from rich.table import Table
-
-    from .units import fmt_size
 
     rows = load_table(path or default_table())
     checked = check(rows)
