@@ -207,7 +207,7 @@ def _bound(lat: float, nvl: float, nic: float) -> str:
 
 def _net_gbps(G: int, fabric: Fabric, what: str) -> float:
     """R_net: what one domain moves to the others, rails x NIC (NCCL runs one ring or tree
-    per NIC, rail-optimised; README "Formulas"): min(G, rails) NICs of B_nic each."""
+    per NIC, rail-optimised; docs/model.md): min(G, rails) NICs of B_nic each."""
     nic = _scaleout(fabric, what)
     rails = fabric.terms.rails or G
     return min(G, rails) * nic.bandwidth_gbps
