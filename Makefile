@@ -12,7 +12,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model gpu-check test list bench-overhead c-loop bench-fidelity two-hosts clean
+.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model model-check gpu-check test list bench-overhead c-loop bench-fidelity two-hosts clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -80,6 +80,11 @@ ceilings: install
 model: install
 	$(PY) -m commbench model --kind moe --profile gb300-nvl72,h100-hgx $(ARGS)
 	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,inswitch,hierarchical $(ARGS)
+
+# The what-if model against the published figures it ships with (commbench/data/published.toml;
+# docs/model.md): published, projected and their ratio per row; exits 1 if a held-out row misses.
+model-check: install
+	$(PY) -m commbench model --against $(ARGS)
 
 # Every GPU path one GPU allows (nccl with and without CUDA graphs, cupy buffers, moe, the
 # HBM probe), one table, within 4 minutes (docs/gpu.md). It runs on the GPU machine as it is:

@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take the scale-up alpha and B from an alpha-beta fit of a measured run's all_to_all")
     for k, d in (("tokens", 4096), ("hidden", 7168), ("experts", 256), ("topk", 8), ("max-groups", 4)):
         m.add_argument(f"--{k}", type=int, help=f"moe shape (default {d}, DeepSeek-V3)")
+    m.add_argument("--against", nargs="?", const="", metavar="FILE",
+                   help="hold the model against a table of published figures (default: the shipped "
+                        "commbench/data/published.toml) and print published, projected and their ratio")
     return p
 
 
@@ -451,6 +454,18 @@ def cmd_model(args) -> int:
 
     console = make_console()
     plain = not stdout_is_tty()
+    if args.against is not None:
+        from commbench.report.terminal.terminal.model_view import cmd_against
+
+        # each row of the table names its own profile, world, size and shape
+        given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
+                                                      "hidden", "experts", "topk", "max_groups", "nic_gbps",
+                                                      "scaleup_GBps", "domain_gpus")
+                 if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else [])
+        if given:
+            raise UsageError(f"--against takes profiles, worlds, sizes and shapes from the table's rows; "
+                             f"drop {', '.join(given)}")
+        return cmd_against(args.against or None, console, plain)
     worlds = args.worlds or [8, 16, 32, 64, 128, 256, 512, 1024]
     if any(w < 1 for w in worlds):
         raise UsageError(f"--worlds must be positive, got {worlds}")
@@ -501,14 +516,22 @@ def cmd_model(args) -> int:
             for r in rows:
                 t.add_row(str(r["world"]), str(r.get("placement", "")), r["case"], f"{r['nic_copies_per_token']:.3f}",
                           f"{r['nvl_copies_per_token']:.3f}", f"{r['dispatch_us']:.1f}", f"{r['combine_us']:.1f}",
-                          r["dispatch_bottleneck"])
+                          f"{r['dispatch_bottleneck']} ({r['dispatch_bound']})")
         else:
-            for c in ("world", "placement", "size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
-                t.add_column(c, justify="left" if c in ("algorithm", "placement") else "right")
+            for c in ("world", "placement", "size", "algorithm", "NCCL name", "time (us)", "algbw (GB/s)",
+                      "busbw (GB/s)", "bound"):
+                t.add_column(c, justify="left" if c in ("algorithm", "placement", "NCCL name", "bound") else "right")
             for r in rows:
                 t.add_row(str(r["world"]), str(r.get("placement", "")), fmt_size(r["nbytes"]), r["algo"],
-                          f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}")
+                          r.get("nccl", "-"), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}",
+                          f"{r['busbw_gbps']:.2f}", r.get("bound", ""))
         console.print(t)
+        if args.kind == "all_reduce":  # what NCCL itself would run there, and why
+            for p in worlds:
+                for S in sizes:
+                    pick = M.nccl_pick(p, S, fab)
+                    console.print(f"NCCL would pick at world {p}, {fmt_size(S)}: {pick['nccl']} "
+                                  f"{pick['time_us']:.4g} us: {pick['why']}")
         said = set()
         for sk in skipped:  # every case left out, with the model's reason, never silently
             line = f"left out: world {sk['world']} {sk.get('case') or ''}: {sk['reason']}".replace("  ", " ")
@@ -519,10 +542,7 @@ def cmd_model(args) -> int:
 
 
 def _fabric(M, prof, rate: str):
-    up = prof.scaleup_achieved_gbps if rate == "achieved" else prof.scaleup_line_gbps
-    out = prof.scaleout_achieved_gbps if rate == "achieved" else prof.scaleout_line_gbps
-    return M.fabric_from_rates(up, prof.scaleup_latency_us or 0.0, prof.scaleup_domain_gpus,
-                               out, prof.scaleout_latency_us if out else None)
+    return M.fabric_from_profile(prof, rate)
 
 
 def main(argv: list[str] | None = None) -> int:

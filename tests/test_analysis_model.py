@@ -184,16 +184,20 @@ def test_gamma_adds_reduction_cost():
 def test_hierarchical_all_reduce():
     f = md.fabric_from_rates(450.0, 1.0, 8, scaleout_gbps=50.0, scaleout_latency_us=5.0)
     G, N = 8, 4
+    # the three phases pipelined: latency + the slower of the NVLink and the NIC phase
     want = (2 * (G - 1) * 1.0 + 2 * (N - 1) * 5.0
-            + us(2 * (G - 1) / G * S / 450e9) + us(2 * (N - 1) / N * (S / G) / 50e9))
+            + max(us(2 * (G - 1) / G * S / 450e9), us(2 * (N - 1) / N * (S / G) / 50e9)))
     assert md.all_reduce_time_us("hierarchical", 32, S, f) == pytest.approx(want)
     # 12 ranks on 8-GPU nodes run as 2 nodes x 6 (placement rule): G = 6, N = 2
-    want12 = (2 * 5 * 1.0 + 2 * 1 * 5.0 + us(2 * 5 / 6 * S / 450e9) + us(2 * 1 / 2 * (S / 6) / 50e9))
+    want12 = (2 * 5 * 1.0 + 2 * 1 * 5.0 + max(us(2 * 5 / 6 * S / 450e9), us(2 * 1 / 2 * (S / 6) / 50e9)))
     assert md.all_reduce_time_us("hierarchical", 12, S, f) == pytest.approx(want12)
 
 
 def test_flat_algorithms_cross_the_nic_above_a_domain():
-    assert md.all_reduce_time_us("ring", 16, S, TWO_TIER) == pytest.approx(us(2 * 15 / 16 * S / 50e9))
+    # rail-parallel rings: the 8 NICs of a node carry its inter-node traffic, min(450, 8 x 50)
+    assert md.all_reduce_time_us("ring", 16, S, TWO_TIER) == pytest.approx(us(2 * 15 / 16 * S / 400e9))
+    # an MPI-style flat algorithm still runs at one NIC
+    assert md.all_reduce_time_us("rabenseifner", 16, S, TWO_TIER) == pytest.approx(us(2 * 15 / 16 * S / 50e9))
     with pytest.raises(UsageError):
         md.all_reduce_time_us("ring", 16, S, ONE_DOMAIN)
     assert md.all_reduce_time_us("ring", 1, S, ONE_DOMAIN) == 0.0
@@ -254,7 +258,7 @@ def test_project_rows():
     with pytest.raises(UsageError):
         md.project("moe", [64], ONE_DOMAIN)
     with pytest.raises(UsageError):
-        md.project("all_reduce", [8], ONE_DOMAIN, sizes_nbytes=[S], algos=["tree"])
+        md.project("all_reduce", [8], ONE_DOMAIN, sizes_nbytes=[S], algos=["butterfly"])
 
 
 def test_fabric_from_rates_validates():

@@ -36,10 +36,11 @@ def test_placement_text():
 
 def test_hierarchical_all_reduce_across_partial_racks():
     # p = 128: G = 64, N = 2. S = 1.12e9 B: S/B_nvl = 1600 us, (S/G)/B_nic = 175 us.
-    # 2*63*2 + 2*1*5 = 262 us latency; 2*63/64 * 1600 = 3150; 2*1/2 * 175 = 175.
-    assert md.all_reduce_time_us("hierarchical", 128, 1.12e9, RACK) == pytest.approx(262 + 3150 + 175)
+    # 2*63*2 + 2*1*5 = 262 us latency; 2*63/64 * 1600 = 3150; 2*1/2 * 175 = 175. The phases
+    # are pipelined (NCCL's tree / NVLSTree): the slower one counts, not the sum.
+    assert md.all_reduce_time_us("hierarchical", 128, 1.12e9, RACK) == pytest.approx(262 + max(3150, 175))
     # p = 1024: G = 64, N = 16: 252 + 2*15*5 = 402 us; 3150; 2*15/16 * 175 = 328.125.
-    assert md.all_reduce_time_us("hierarchical", 1024, 1.12e9, RACK) == pytest.approx(402 + 3150 + 328.125)
+    assert md.all_reduce_time_us("hierarchical", 1024, 1.12e9, RACK) == pytest.approx(402 + max(3150, 328.125))
 
 
 def test_flat_all_to_all_across_partial_racks():
@@ -76,7 +77,8 @@ def test_project_keeps_every_world_that_fits_and_says_why_the_others_do_not():
     ar = md.project("all_reduce", [64, 128, 1024], RACK, sizes_nbytes=[1.12e9], algos=["ring", "hierarchical"])
     hier = {r["world"]: r for r in ar if r["algo"] == "hierarchical"}
     assert set(hier) == {64, 128, 1024}  # beyond one rack too
-    assert hier[128]["time_us"] == pytest.approx(262 + 3150 + 175)
+    assert hier[128]["time_us"] == pytest.approx(262 + 3150)
+    assert hier[128]["bound"] == "NVLink-bound"
     assert (hier[1024]["domains"], hier[1024]["domain_ranks"]) == (16, 64)
 
 

@@ -22,12 +22,16 @@ ASSUMPTIONS: list[str] = [
     "alpha-beta (Hockney) model: each step costs alpha + bytes/B; no congestion, "
     "contention, incast or switch queuing",
     "B is per direction per GPU; sending and receiving overlap fully",
-    "one NIC per GPU: scale-out bandwidth is per GPU, not shared within a domain",
+    "one NIC per GPU; NCCL spreads a domain's inter-domain traffic over min(G, rails) NICs "
+    "(rail-optimised rings and trees), so a ring crossing domains runs at min(B_up, rails x B_nic)",
     "placement: p ranks fill the fewest scale-up domains that hold them in equal parts, "
     "G = the largest divisor of p not above the domain size, N = p/G domains (128 ranks on "
     "72-GPU racks: 2 racks x 64 GPUs, 8 idle in each; 12 on 8-GPU nodes: 2 x 6); the formulas "
     "need the same G in every domain",
-    "flat algorithms (ring, recursive doubling, Rabenseifner, pairwise all_to_all) run "
+    "all_reduce as NCCL runs it: NVLS at the profile's in-switch rate with a size ramp and no "
+    "gain at <= 4 GPUs a domain, Tree / NVLSTree / hierarchical with their phases overlapped; "
+    "NCCL's pick is the fastest of Ring, Tree and NVLS(Tree)",
+    "MPI-style flat algorithms (recursive doubling, Rabenseifner) and pairwise all_to_all run "
     "at the slowest link: above one scale-up domain (p > G) every step costs the scale-out tier",
     "pairwise all_to_all above one domain: (p-G)/p of the bytes cross the NIC and "
     "(G-1)/p stay on scale-up, both at once; time = latency steps + the slower tier",
@@ -35,13 +39,13 @@ ASSUMPTIONS: list[str] = [
     "and overlap it with the transfer",
     "recursive doubling and Rabenseifner round lg p up for p not a power of two",
     "MoE volumes are expectations under uniform top-k routing (no skew, no hot rank); "
-    "time = slower tier + one alpha per tier used",
+    "time = slower tier at the profile's MoE kernel efficiencies + one alpha per tier used",
     "MoE combine moves the same copies as dispatch, in BF16 (2 bytes per element)",
     "rates are whatever the fabric was built from: line rates give a lower bound on "
     "time; achieved (calibrated) rates give a realistic estimate",
 ]
 
-ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "rabenseifner", "inswitch", "hierarchical")
+ALL_REDUCE_ALGOS = ("ring", "tree", "recursive_doubling", "rabenseifner", "inswitch", "hierarchical")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "moe")
 
 
@@ -53,6 +57,27 @@ class Tier:
 
 
 @dataclass(frozen=True)
+class Terms:
+    """Per-profile efficiency and fixed-cost terms (docs/model.md gives each one's source).
+
+    inswitch_algbw_gbps: what NVLS reaches as S/t at large S (None: no in-switch rate; a
+    generic switch at the link rate is modelled instead). inswitch_ramp_nbytes_per_gpu: the
+    bytes per GPU NVLS needs in flight before it runs at that rate, t = (S + ramp p) / A.
+    rails: NICs of one domain that NCCL's inter-domain traffic spreads over (None: one a GPU).
+    moe_*: DeepEP-style kernels run the NIC and NVLink below the NCCL rates; the NVLink
+    efficiency falls by moe_nvl_falloff for each doubling of the domain's ranks above 8.
+    moe_ll_fixed_us: the launch / notify cost of a low-latency kernel, paid once.
+    """
+    inswitch_algbw_gbps: float | None = None
+    inswitch_ramp_nbytes_per_gpu: float = 0.0
+    rails: int | None = None
+    moe_nic_efficiency: float = 1.0
+    moe_nvl_efficiency: float = 1.0
+    moe_nvl_falloff: float = 1.0
+    moe_ll_fixed_us: float = 0.0
+
+
+@dataclass(frozen=True)
 class Fabric:
     """scaleout None: a single scale-up domain. domain_gpus None: every rank shares
     one scale-up domain, whatever p."""
@@ -60,6 +85,7 @@ class Fabric:
     scaleout: Tier | None
     domain_gpus: int | None
     gamma_us_per_byte: float = 0.0
+    terms: Terms = Terms()
 
 
 def fabric_from_rates(scaleup_gbps: float, scaleup_latency_us: float, domain_gpus: int | None,
@@ -83,6 +109,26 @@ def fabric_from_rates(scaleup_gbps: float, scaleup_latency_us: float, domain_gpu
     out = None if scaleout_gbps is None else tier("scaleout", scaleout_gbps, scaleout_latency_us)
     return Fabric(tier("scaleup", scaleup_gbps, scaleup_latency_us), out,
                   None if domain_gpus is None else int(domain_gpus), float(gamma_us_per_byte))
+
+
+def fabric_from_profile(prof, rate: str = "achieved") -> Fabric:
+    """The Fabric of a hardware profile (profiles.Profile): its achieved (or line) rates,
+    latencies and model terms. The in-switch rate is busbw measured on inswitch_gpus GPUs;
+    NVLS moves S in S/A whatever p (NVIDIA/nccl#1455: algbw 258-273 GB/s at 5-8 H100s), so
+    A = busbw g / (2(g-1))."""
+    up = prof.scaleup_achieved_gbps if rate == "achieved" else prof.scaleup_line_gbps
+    out = prof.scaleout_achieved_gbps if rate == "achieved" else prof.scaleout_line_gbps
+    fab = fabric_from_rates(up, prof.scaleup_latency_us or 0.0, prof.scaleup_domain_gpus,
+                            out, prof.scaleout_latency_us if out else None)
+    A = None
+    if prof.scaleup_inswitch_achieved_gbps is not None:
+        g = prof.inswitch_gpus or prof.scaleup_domain_gpus or 8
+        A = prof.scaleup_inswitch_achieved_gbps * g / (2 * (g - 1))
+    terms = Terms(inswitch_algbw_gbps=A, inswitch_ramp_nbytes_per_gpu=prof.inswitch_ramp_nbytes_per_gpu or 0.0,
+                  rails=prof.nic_rails, moe_nic_efficiency=prof.moe_nic_efficiency or 1.0,
+                  moe_nvl_efficiency=prof.moe_nvl_efficiency or 1.0, moe_nvl_falloff=prof.moe_nvl_falloff or 1.0,
+                  moe_ll_fixed_us=prof.moe_ll_fixed_us or 0.0)
+    return dataclasses.replace(fab, terms=terms)
 
 
 # ------------------------------------------------------------------ helpers
@@ -149,45 +195,136 @@ def _lg(p: int) -> int:
 
 # ------------------------------------------------------------------ collectives
 
-def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> float:
-    """Time of one all_reduce of nbytes (the buffer) over p ranks, README "Formulas":
+# NCCL's names for the algorithms it runs; the others are MPI-style and NCCL never picks them.
+NCCL_NAMES = {"ring": "Ring", "tree": "Tree"}
+TREE_BW_FACTOR = 0.92  # NCCL src/graph/tuning.cc: a tree all_reduce reaches 0.92 of the link
+NVLS_TREE_NET_FACTOR = 6 / 5  # tuning.cc: NVLSTree's bus to algorithm bandwidth ratio is 5/6
 
-    - ring: 2(p-1) a + 2(p-1)/p S/B + (p-1)/p S gamma
-    - recursive_doubling: lg p a + S lg p / B + S lg p gamma
-    - rabenseifner: 2 lg p a + 2(p-1)/p S/B + (p-1)/p S gamma
-    - inswitch (NVLS / SHARP): a_sw + S(p+1)/(p B); a_sw = the tier's alpha
-    - hierarchical, G per domain, N = p/G: 2(G-1) a_nvl + 2(N-1) a_nic
-      + 2(G-1)/G S/B_nvl + 2(N-1)/N (S/G)/B_nic, plus gamma on the bytes each phase reduces.
 
-    G is ranks_per_domain's (p in equal parts over the fewest domains). The flat ones (and
-    inswitch) use the scale-up tier when p <= G, else the scale-out tier. p = 1 costs
-    nothing.
+def _bound(lat: float, nvl: float, nic: float) -> str:
+    """Which term decides a time: the largest of latency, NVLink and NIC bandwidth."""
+    return max((lat, "latency-bound"), (nvl, "NVLink-bound"), (nic, "NIC-bound"))[1]
+
+
+def _net_gbps(G: int, fabric: Fabric, what: str) -> float:
+    """R_net: what one domain moves to the others, rails x NIC (NCCL runs one ring or tree
+    per NIC, rail-optimised; docs/model.md): min(G, rails) NICs of B_nic each."""
+    nic = _scaleout(fabric, what)
+    rails = fabric.terms.rails or G
+    return min(G, rails) * nic.bandwidth_gbps
+
+
+def nvls_usable(p: int, fabric: Fabric) -> str | None:
+    """None when NCCL would run NVLS (NVLSTree above a domain) at world p, else why not."""
+    if fabric.terms.inswitch_algbw_gbps is None:
+        return "no in-switch rate in the profile (no NVLink SHARP)"
+    if min(p, _domain(p, fabric)) <= 4:
+        return "NVLS gains nothing on 4 GPUs a domain or fewer (NVIDIA/nccl#1455)"
+    return None
+
+
+def all_reduce_detail(algo: str, p: int, nbytes: float, fabric: Fabric) -> dict:
+    """One all_reduce of S = nbytes over p ranks, modelled the way NCCL runs it (docs/model.md).
+
+    G ranks per domain, N = p/G domains, B_up the scale-up rate (ring busbw), R_net =
+    min(G, rails) x B_nic what one domain sends to the others:
+
+    - ring: 2(p-N) a_up + 2(N-1) a_nic + 2(p-1)/p S / R, R = B_up in a domain, else
+      min(B_up, R_net) (rail-parallel rings);
+    - tree (NCCL Tree): 2((G-1) a_up + lg N a_nic) + 2S / (0.92 min(B_up, R_net));
+    - inswitch: NVLS in a domain, a_up + (S + ramp p) / A (A the in-switch S/t); above a
+      domain NVLSTree, phases overlapped: max((S + ramp G) / A, 6/5 k S / R_net), k = 1 on two
+      domains, 2 above (NCCL tuning.cc: 5/6 of bwInter, halved above 2 nodes); at <= 4
+      GPUs a domain NVLS runs as the ring. A profile without an in-switch rate gets a
+      generic switch at the link rate: a + S(p+1)/(p B);
+    - hierarchical: reduce-scatter in the domain, all_reduce of S/G across, all_gather,
+      pipelined: 2(G-1) a_up + 2(N-1) a_nic + max(2(G-1)/G S/B_up, 2(N-1)/N S/R_net);
+    - recursive_doubling, rabenseifner: flat, at the slowest link (README "Formulas").
+
+    Returns time_us, latency_us, nvl_us, nic_us, bound (latency-, NVLink- or NIC-bound),
+    nccl (NCCL's name for it, None for the MPI-style ones).
     """
     p = _check_p(p)
     if algo not in ALL_REDUCE_ALGOS:
         raise UsageError(f"unknown all_reduce algorithm {algo!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
-    if p == 1:
-        return 0.0
     S, g = float(nbytes), fabric.gamma_us_per_byte
-    if algo == "hierarchical":
-        G = _domain(p, fabric)  # divides p by construction (placement rule)
-        N = p // G
-        t = 2 * (G - 1) * fabric.scaleup.alpha_us + 2 * (G - 1) / G * _xfer_us(S, fabric.scaleup)
-        t += (G - 1) / G * S * g
+    if p == 1:
+        return {"time_us": 0.0, "latency_us": 0.0, "nvl_us": 0.0, "nic_us": 0.0, "bound": "latency-bound",
+                "nccl": NCCL_NAMES.get(algo)}
+    G = _domain(p, fabric)
+    N = p // G
+    up = fabric.scaleup
+    red = (p - 1) / p * S * g  # reduction cost, 0 unless gamma is set
+    lat = nvl = nic = 0.0
+    name = NCCL_NAMES.get(algo)
+    if algo == "inswitch" and nvls_usable(p, fabric) is not None:
+        if fabric.terms.inswitch_algbw_gbps is not None:
+            d = all_reduce_detail("ring" if N == 1 else "tree", p, S, fabric)
+            return {**d, "nccl": "NVLS" if N == 1 else "NVLSTree"}  # <= 4 GPUs: no gain over those
+        tier = _flat_tier(p, fabric, "inswitch all_reduce")
+        lat, bw = tier.alpha_us, (p + 1) / p * _xfer_us(S, tier)
+        nvl, nic = (bw, 0.0) if tier is up else (0.0, bw)
+        name = None
+    elif algo == "inswitch":
+        A = Tier("inswitch", up.alpha_us, fabric.terms.inswitch_algbw_gbps)
+        nvl = _xfer_us(S + fabric.terms.inswitch_ramp_nbytes_per_gpu * G, A)
+        if N == 1:
+            lat, name = up.alpha_us, "NVLS"
+        else:
+            out = _scaleout(fabric, "NVLSTree all_reduce")
+            # NCCL tuning.cc: NVLSTree runs the network at 5/6 of bwInter, halved above 2 nodes
+            k = (1 if N <= 2 else 2) * NVLS_TREE_NET_FACTOR
+            nic = k * S / (_net_gbps(G, fabric, "NVLSTree") * 1e3)
+            lat, name = 2 * up.alpha_us + 2 * _lg(N) * out.alpha_us, "NVLSTree"
+    elif algo in ("ring", "tree"):
+        R = up.bandwidth_gbps if N == 1 else min(up.bandwidth_gbps, _net_gbps(G, fabric, f"{algo} all_reduce"))
+        if algo == "ring":
+            bw = 2 * (p - 1) / p * S / (R * 1e3)
+            lat = 2 * (p - N) * up.alpha_us + (2 * (N - 1) * fabric.scaleout.alpha_us if N > 1 else 0.0)
+        else:
+            bw = 2 * S / (TREE_BW_FACTOR * R * 1e3)
+            lat = 2 * (G - 1) * up.alpha_us + (2 * _lg(N) * fabric.scaleout.alpha_us if N > 1 else 0.0)
+        nvl, nic = (bw, 0.0) if R == up.bandwidth_gbps else (0.0, bw)
+    elif algo == "hierarchical":
+        lat = 2 * (G - 1) * up.alpha_us
+        nvl = 2 * (G - 1) / G * _xfer_us(S, up)
         if N > 1:
-            nic = _scaleout(fabric, "hierarchical all_reduce")
-            t += 2 * (N - 1) * nic.alpha_us + 2 * (N - 1) / N * _xfer_us(S / G, nic) + (N - 1) / N * (S / G) * g
-        return t
-    tier = _flat_tier(p, fabric, f"{algo} all_reduce")
-    a = tier.alpha_us
-    if algo == "ring":
-        return 2 * (p - 1) * a + 2 * (p - 1) / p * _xfer_us(S, tier) + (p - 1) / p * S * g
-    if algo == "recursive_doubling":
-        lg = _lg(p)
-        return lg * a + lg * _xfer_us(S, tier) + lg * S * g
-    if algo == "rabenseifner":
-        return 2 * _lg(p) * a + 2 * (p - 1) / p * _xfer_us(S, tier) + (p - 1) / p * S * g
-    return a + (p + 1) / p * _xfer_us(S, tier)  # inswitch: the switch reduces
+            lat += 2 * (N - 1) * _scaleout(fabric, "hierarchical all_reduce").alpha_us
+            nic = 2 * (N - 1) / N * S / (_net_gbps(G, fabric, "hierarchical all_reduce") * 1e3)
+    else:
+        tier = _flat_tier(p, fabric, f"{algo} all_reduce")
+        a, lg = tier.alpha_us, _lg(p)
+        if algo == "recursive_doubling":
+            lat, bw, red = lg * a, lg * _xfer_us(S, tier), lg * S * g
+        else:  # rabenseifner
+            lat, bw = 2 * lg * a, 2 * (p - 1) / p * _xfer_us(S, tier)
+        nvl, nic = (bw, 0.0) if tier is up else (0.0, bw)
+    return {"time_us": lat + max(nvl, nic) + red, "latency_us": lat, "nvl_us": nvl, "nic_us": nic,
+            "bound": _bound(lat, nvl, nic), "nccl": name}
+
+
+def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> float:
+    """Time of one all_reduce of nbytes over p ranks (all_reduce_detail's time_us)."""
+    return all_reduce_detail(algo, p, nbytes, fabric)["time_us"]
+
+
+NCCL_CANDIDATES = ("ring", "tree", "inswitch")
+
+
+def nccl_pick(p: int, nbytes: float, fabric: Fabric) -> dict:
+    """The algorithm NCCL would run: of Ring, Tree and NVLS / NVLSTree (where the profile has
+    NVLink SHARP and a domain holds more than 4 GPUs), the fastest by this model, as NCCL's
+    tuner picks the fastest by its own (src/graph/tuning.cc). Returns algo, nccl, time_us,
+    bound and why (one line: what decided it and what was left out)."""
+    options = [a for a in NCCL_CANDIDATES if a != "inswitch" or nvls_usable(p, fabric) is None]
+    got = {a: all_reduce_detail(a, p, nbytes, fabric) for a in options}
+    best = min(options, key=lambda a: got[a]["time_us"])
+    d = got[best]
+    others = ", ".join(f"{got[a]['nccl']} {got[a]['time_us']:.4g} us" for a in options if a != best)
+    why = f"{d['nccl']} fastest by this model ({d['bound']}); " + (f"then {others}" if others else "no other")
+    if "inswitch" not in options:
+        why += f"; NVLS not offered: {nvls_usable(p, fabric)}"
+    return {"algo": best, **d, "why": why}
 
 
 def all_gather_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
@@ -238,12 +375,22 @@ def moe_scenario_defaults() -> dict:
             "experts": 256, "topk": 8, "M": 4}
 
 
+def moe_nvl_efficiency(G: int, terms: Terms) -> float:
+    """NVLink efficiency inside a MoE kernel with G ranks a domain: moe_nvl_efficiency up to
+    8 (the DeepEP H800 node it was measured on), times moe_nvl_falloff for each doubling
+    above (HybridEP on GB200: 448 GB/s at 8 ranks, 394 at 16)."""
+    return terms.moe_nvl_efficiency * terms.moe_nvl_falloff ** max(0.0, math.log2(G / 8))
+
+
 def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, experts: int,
                 topk: int, p: int, G: int | None, M: int | None, fabric: Fabric,
-                stage: str = "dispatch") -> dict:
+                stage: str = "dispatch", low_latency: bool = False) -> dict:
     """Time of one MoE dispatch or combine, README "Formulas" "MoE dispatch":
 
-        t = max(V_nic / B_nic, V_nvl / B_nvl) + alpha_nic [if V_nic > 0] + alpha_nvl [if V_nvl > 0]
+        t = max(V_nic / (e_nic B_nic), V_nvl / (e_nvl(G) B_nvl)) + alpha_nic [if V_nic > 0]
+            + alpha_nvl [if V_nvl > 0] + F [low-latency kernels]
+
+    e_nic, e_nvl(G) and F are the fabric's terms (Terms; 1, 1 and 0 unless a profile sets them).
 
     V_nic, V_nvl: expected bytes one rank sends per tier (accounting.dispatch_volume_nbytes)
     for case "flat", "hierarchical" or "node_limited". The latency term is one alpha per
@@ -273,16 +420,19 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
                                                          experts, topk, p, G, M)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    up = fabric.scaleup
-    nvl_us = _xfer_us(v_nvl, up)
+    up, terms = fabric.scaleup, fabric.terms
+    nvl_us = v_nvl / (up.bandwidth_gbps * moe_nvl_efficiency(G, terms) * 1e3)
     nic_us, lat = 0.0, (up.alpha_us if v_nvl > 0 else 0.0)
     nic = None
     if v_nic > 0:
         nic = _scaleout(fabric, f"MoE {stage} at p={p}")
-        nic_us = _xfer_us(v_nic, nic)
+        nic_us = v_nic / (nic.bandwidth_gbps * terms.moe_nic_efficiency * 1e3)
         lat += nic.alpha_us
+    if low_latency:
+        lat += terms.moe_ll_fixed_us
     return {
         "time_us": max(nic_us, nvl_us) + lat,
+        "bound": _bound(lat, nvl_us, nic_us),
         "nic_us": nic_us,
         "nvl_us": nvl_us,
         "latency_us": lat,
@@ -374,7 +524,8 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                             "nic_copies_per_token": d["nic_copies_per_token"],
                             "nvl_copies_per_token": d["nvl_copies_per_token"],
                             "dispatch_v_nic_nbytes": d["v_nic_nbytes"], "dispatch_v_nvl_nbytes": d["v_nvl_nbytes"],
-                            "dispatch_bottleneck": d["bottleneck"], "combine_bottleneck": c["bottleneck"]})
+                            "dispatch_bottleneck": d["bottleneck"], "combine_bottleneck": c["bottleneck"],
+                            "dispatch_bound": d["bound"], "combine_bound": c["bound"]})
         return out
 
     if not sizes_nbytes:
@@ -391,8 +542,11 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     for p in worlds:
         for S in sizes_nbytes:
             for a in algos:
+                extra = {}
                 if kind == "all_reduce":
-                    t = all_reduce_time_us(a, p, S, fabric)
+                    d = all_reduce_detail(a, p, S, fabric)
+                    t = d["time_us"]
+                    extra = {"bound": d["bound"], "nccl": d["nccl"] or "-"}
                 elif kind == "all_gather":
                     t = all_gather_time_us(p, S, fabric)
                 elif kind == "reduce_scatter":
@@ -402,5 +556,5 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
                 algbw = S / (t * 1e3) if t > 0 else math.inf
                 f = bench.busbw_factor(p)
                 out.append({"kind": kind, "algo": a, "world": p, **placement(p, fabric), "nbytes": int(S),
-                            "time_us": t, "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0})
+                            "time_us": t, "algbw_gbps": algbw, "busbw_gbps": algbw * f if f > 0 else 0.0, **extra})
     return out

@@ -37,7 +37,7 @@ class Profile:
     scaleup_link: str = ""
     scaleup_line_gbps: float | None = None
     scaleup_achieved_gbps: float | None = None
-    scaleup_inswitch_achieved_gbps: float | None = None  # NVLS busbw seen: information only
+    scaleup_inswitch_achieved_gbps: float | None = None  # NVLS busbw at large sizes on inswitch_gpus GPUs
     scaleup_domain_gpus: int | None = None  # None: the domain is one host (loopback)
     scaleup_latency_us: float | None = None
     scaleout_link: str | None = None
@@ -51,6 +51,15 @@ class Profile:
     scaleup_node_gpus: int | None = None  # GPUs per node (HGX 8, NVL72 tray 4); None: unknown
     notes: str = ""
     source_path: str = ""
+    # [model] terms of the what-if model (model.Terms; docs/model.md names each one's source)
+    inswitch_gpus: int | None = None  # GPUs scaleup.inswitch_achieved_rate was measured on
+    inswitch_ramp_nbytes_per_gpu: float | None = None
+    nic_rails: int | None = None
+    moe_nic_efficiency: float | None = None
+    moe_nvl_efficiency: float | None = None
+    moe_nvl_falloff: float | None = None
+    moe_ll_fixed_us: float | None = None
+    model_sources: str = ""
 
     def scaleup_rates_for(self, nbytes: int) -> tuple[float | None, float | None]:
         return scaleup_rates_for(self, nbytes)
@@ -98,7 +107,18 @@ def format_rate(gbps: float | None) -> str:
 # ---------------------------------------------------------------------------------------
 # Profile files
 
-_TOP_KEYS = ("name", "description", "measured", "scaleup", "scaleout", "hbm", "sources")
+_TOP_KEYS = ("name", "description", "measured", "scaleup", "scaleout", "hbm", "sources", "model")
+# [model]: key -> (kind, Profile field); an efficiency must also be <= 1
+_MODEL_KEYS = {"inswitch_gpus": ("int", "inswitch_gpus"),
+               "inswitch_ramp_MiB_per_gpu": ("number", "inswitch_ramp_nbytes_per_gpu"),
+               "nic_rails": ("int", "nic_rails"),
+               "moe_nic_efficiency": ("number", "moe_nic_efficiency"),
+               "moe_nvl_efficiency": ("number", "moe_nvl_efficiency"),
+               "moe_nvl_falloff_per_doubling": ("number", "moe_nvl_falloff"),
+               "moe_low_latency_fixed_us": ("number", "moe_ll_fixed_us"),
+               "sources": ("str", "model_sources")}
+# Profile files are every data/*.toml but these (the published figures `model --against` reads).
+_NOT_PROFILES = ("published",)
 _SCALEUP_KEYS = ("link", "line_rate", "achieved_rate", "inswitch_achieved_rate", "domain_gpus", "node_gpus",
                  "latency_us")
 _SCALEOUT_KEYS = ("link", "line_rate", "achieved_rate", "latency_us")
@@ -113,7 +133,8 @@ def _data_dir():
 def list_profiles() -> list[str]:
     """Names of the built-in profiles."""
     d = _data_dir()
-    return sorted(p.name[:-len(".toml")] for p in d.iterdir() if p.name.endswith(".toml"))
+    return sorted(p.name[:-len(".toml")] for p in d.iterdir()
+                  if p.name.endswith(".toml") and p.name[:-len(".toml")] not in _NOT_PROFILES)
 
 
 def _check_keys(table: dict, known: tuple, prefix: str, where: str) -> None:
@@ -199,7 +220,19 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
     _check_keys(src, _SOURCES_KEYS, "sources.", where)
     notes = _get(src, "notes", "sources.", where, "str", False) or ""
 
+    model = _table(doc, "model", where, False) or {}
+    _check_keys(model, tuple(_MODEL_KEYS), "model.", where)
+    terms = {}
+    for key, (kind, field) in _MODEL_KEYS.items():
+        v = _get(model, key, "model.", where, kind, False)
+        if v is not None and key.startswith("moe_n") and v > 1:
+            raise UsageError(f"{where}: model.{key} = {v} must be at most 1 (a fraction of the achieved rate)")
+        if v is not None and key == "inswitch_ramp_MiB_per_gpu":
+            v = v * (1 << 20)
+        terms[field] = v if v is not None or kind != "str" else ""
+
     return Profile(
+        **terms,
         name=name, description=description, measured=measured,
         scaleup_link=_get(up, "link", "scaleup.", where, "str", True),
         scaleup_line_gbps=line, scaleup_achieved_gbps=achieved,
