@@ -455,7 +455,7 @@ def cmd_model(args) -> int:
     console = make_console()
     plain = not stdout_is_tty()
     if args.against is not None:
-        from commbench.report.terminal.terminal.model_view import cmd_against
+        from commbench.report.model_view import cmd_against
 
         # each row of the table names its own profile, world, size and shape
         given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
