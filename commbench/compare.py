@@ -24,6 +24,7 @@ import json
 import math
 
 from .analysis import params_key
+from .errors import UsageError
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
@@ -564,16 +565,36 @@ def _load_side(paths, name: str):
     return pd.concat(frames, ignore_index=True)
 
 
+def nothing_in_common(base_df, new_df) -> str:
+    """Why two sides share no point: a side without rows, or the first key whose values the
+    sides do not share (mpi against gloo runs: backend)."""
+    for name, df in (("base", base_df), ("new", new_df)):
+        if df is None or df.empty:
+            return f"the {name} side has no rows"
+    for k in KEYS:
+        if k not in base_df.columns or k not in new_df.columns:
+            continue
+        a = {params_key(v) if k == "params" else _blank(v) for v in base_df[k]}
+        b = {params_key(v) if k == "params" else _blank(v) for v in new_df[k]}
+        if not a & b:
+            return f"no point in common ({k} {', '.join(sorted(a))} vs {', '.join(sorted(b))})"
+    return f"no point in common ({len(base_df)} base rows, {len(new_df)} new rows)"
+
+
 def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
                   all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
     """`commbench compare`: load both sides (a run directory or a list of repeated runs
-    each), print, optionally write the frame as CSV; returns the exit status (exit_status)."""
+    each), print, optionally write the frame as CSV; returns the exit status (exit_status).
+    No point matched on both sides (a side without rows, mpi against gloo): UsageError."""
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
     sides = [_load_side(base, "base"), _load_side(new, "new")]
     for side in sides:
         _refuse_duplicates(side)
     df = compare_runs(*sides, threshold_pct)
+    matched, _ = split_only(df)
+    if matched.empty:  # a gate that compared nothing must not pass
+        raise UsageError(f"nothing was compared: {nothing_in_common(*sides)}")
     print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
     if csv_out:
         df.to_csv(csv_out, index=False)
