@@ -112,6 +112,15 @@ def test_resume_refuses_measurement_flags_in_one_line(complete_run, tmp_path, fl
 
 
 @needs_mpi
+def test_resume_takes_the_flags_that_do_not_change_the_measurement(complete_run, tmp_path):
+    out = _stopped(complete_run, tmp_path / "run")
+    r = run_cli("run", "--resume", out, "--np", "2", "--timeout", "60", "--backend", "mpi", "--device", "cpu",
+                "--variant", "default", timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert _meta(out)["status"] == "complete" and [x["nbytes"] for x in _rows(out)] == [8, 16]
+
+
+@needs_mpi
 def test_resume_refuses_a_variant_the_run_never_had(complete_run, tmp_path):
     out = _stopped(complete_run, tmp_path / "run")
     before = (out / "rows.jsonl").read_text()
