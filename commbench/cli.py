@@ -7,6 +7,7 @@ import sys
 
 from .backends import BACKENDS
 from commbench.core.errors import RunFailed, UsageError
+from commbench.run.resume import print_resume_plan, resume_conflicts, sweep_differences
 from commbench.run.suite import TIMING_METHODS, key_help
 
 
@@ -203,12 +204,10 @@ def _resume_config(args):
     if meta.get("status") in ("complete", "check_failed"):
         raise UsageError(f"--resume {d}: the run is {meta['status']}; a finished run is never overwritten "
                          f"(start a new one)")
-    given = [f for f in ("suite", "benchmarks", "sizes", "dtypes", "worlds", "param", "out", "profile")
-             if getattr(args, f, None) not in (None, [], False)]
-    if args.backend not in (None, meta.get("backend")):
-        given.append("backend")
+    given = resume_conflicts(args, meta)
     if given:
-        raise UsageError(f"--resume takes the run's own settings; drop --{given[0]}")
+        raise UsageError(f"--resume {d} continues the run with its own settings: drop {given[0]}, or start a "
+                         f"new run to measure with it")
     raw = dict(meta.get("config") or {})
     known = {f.name for f in fields(suite_mod.SuiteConfig)}
     raw = {k: (tuple(v) if isinstance(v, list) and k != "sizes" else v) for k, v in raw.items() if k in known}
@@ -231,10 +230,17 @@ def _resume(args, argv: list[str]) -> int:
         raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
     # A run of several variants resumes each unfinished one in its own launch.
     done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
+    planned = plan_variants(cfg, backend, device or "cpu").names
     if args.variant is not None:
+        has = list(dict.fromkeys(planned + list(meta.get("variants") or {})))
+        if args.variant not in has:  # it would run that variant and leave the missing points missing
+            raise UsageError(f"--resume {args.resume}: the run has no variant {args.variant!r} (it has: "
+                             f"{', '.join(has)})")
         todo = [args.variant]
     else:
-        todo = [n for n in plan_variants(cfg, backend, device or "cpu").names if n not in done]
+        todo = [n for n in planned if n not in done]
+    if args.dry_run:
+        return print_resume_plan(cfg, meta, todo, world, args.resume)
     if args.np is not None:
         launch.check_local_ranks(args.np)
         from commbench.store.results import hold_for_launch
@@ -333,6 +339,11 @@ def cmd_run(args, argv: list[str]) -> int:
                              f"another directory")
     info = launch.detect()
     world = args.np if args.np is not None else info.world
+    if join:
+        differ = sweep_differences(meta, cfg, backend, device, world)
+        if differ:  # rows measured another way would sit in one run as if alike
+            raise UsageError(f"--out {args.out} holds a run of suite {cfg.name} with other settings ({differ[0]}): "
+                             f"a variant joins only a run of the same sweep; choose another directory")
     points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
     plan = plan_mod.plan(cfg, points, world, device, check_counts=backend == "mpi")
     if args.dry_run:
@@ -486,6 +497,13 @@ def cmd_model(args) -> int:
             if prof.measured and prof.scaleup_line_gbps is None:
                 raise UsageError(f"profile {prof.name} is measured at run time: use --calibrate RUN_DIR")
             fabrics.append((prof.name, _fabric(M, prof, args.rate)))
+    for k in ("tokens", "hidden", "experts", "topk", "max_groups"):
+        v = getattr(args, k)
+        if v is not None and v < 1:  # a shape of nothing routes nothing: every case would be left out
+            raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    experts = args.experts or M.moe_scenario_defaults()["experts"]
+    if args.topk is not None and args.topk > experts:
+        raise UsageError(f"--topk {args.topk} exceeds the {experts} experts a token can be sent to")
     shape = {k: getattr(args, k.replace("-", "_")) for k in ("tokens", "hidden", "experts", "topk")
              if getattr(args, k) is not None}
     if args.max_groups is not None:

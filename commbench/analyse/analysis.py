@@ -162,12 +162,28 @@ def _busbw_factor(g) -> float | None:
 
 # ------------------------------------------------------------------ tables
 
-def fit_table(df, thin: list | None = None):
+def unphysical_fit(world: int, busbw_factor: float | None, fit: dict) -> str | None:
+    """Why a fit describes no link (None: it may). One rank, or a busbw factor of 0, moves no
+    bytes between ranks: whatever slope its times show, B is not a link's rate (a broadcast
+    at world 1 fits 1e17 GB/s). A slope of 0 or less (time that does not grow with size)
+    has no bandwidth term to report."""
+    if int(world) < 2:
+        return "a world of one rank moves no bytes between ranks"
+    if busbw_factor == 0:
+        return "its busbw factor is 0 at this world: it moves no bytes between ranks"
+    if not (fit["bandwidth_gbps"] > 0 and math.isfinite(fit["bandwidth_gbps"])):
+        return "its time does not grow with size: no bandwidth term to fit"
+    return None
+
+
+def fit_table(df, thin: list | None = None, refused: list | None = None):
     """One alpha-beta fit per (run, benchmark, backend, world, dtype, variant, params,
     stage, placement) with >= MIN_FIT_SIZES distinct sizes, of collective rows only
     (Benchmark.collective_rows: not moe, whose size follows the routing, nor overlap);
     benchmarks whose every nbytes is 0 (barrier) are skipped. thin: a list that gets one
     line per group left unfitted for having fewer sizes ("all_reduce n=2: 2 sizes").
+    refused: a list that gets one line per group whose fit is not physical (unphysical_fit:
+    one rank, no bytes moved, no growth with size); such fits are left out of the table.
 
     Columns: the keys (run only when the rows carry it; params as canonical JSON,
     missing variant/stage/placement as "") + alpha_us, bandwidth_gbps,
@@ -187,19 +203,26 @@ def fit_table(df, thin: list | None = None):
     df = df[sized.astype(bool)]
     out = []
     for key, g in df.groupby(keys, sort=True):
+        k = dict(zip(keys, key))
+        run = k.get("run", "") if "run" in df.columns and df["run"].nunique() > 1 else ""
+        # The defaults (variant default, out-of-place) go unsaid.
+        who = " ".join(str(x) for x in (run, k["benchmark"], k["variant"], k["placement"], k["stage"],
+                                        f"n={k['world']}") if x and x not in ("default", "out-of-place"))
         sizes = g.loc[g["nbytes"].astype(float) > 0, "nbytes"].nunique()
         if sizes < MIN_FIT_SIZES:
             if thin is not None and sizes > 0:
-                k = dict(zip(keys, key))
-                run = k.get("run", "") if "run" in df.columns and df["run"].nunique() > 1 else ""
-                # The defaults (variant default, out-of-place) go unsaid.
-                who = " ".join(str(x) for x in (run, k["benchmark"], k["variant"], k["placement"], k["stage"],
-                                                f"n={k['world']}") if x and x not in ("default", "out-of-place"))
                 thin.append(f"{who}: {sizes} size{'s' if sizes > 1 else ''}")
             continue
-        fit = fit_alpha_beta(g["nbytes"], g["time_us_p50"], _busbw_factor(g))
-        if fit is not None:
-            out.append({**dict(zip(keys, key)), **fit})
+        factor = _busbw_factor(g)
+        fit = fit_alpha_beta(g["nbytes"], g["time_us_p50"], factor)
+        if fit is None:
+            continue
+        why = unphysical_fit(k["world"], factor, fit)
+        if why is not None:
+            if refused is not None:
+                refused.append(f"{who}: {why}")
+            continue
+        out.append({**k, **fit})
     return pd.DataFrame(out, columns=keys + list(FIT_COLUMNS))
 
 

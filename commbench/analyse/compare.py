@@ -369,3 +369,19 @@ def _load_side(paths, name: str):
     return pd.concat(frames, ignore_index=True)
 
 
+def nothing_in_common(base_df, new_df) -> str:
+    """Why two sides share no point: a side without rows, or the first key whose values the
+    sides do not share (mpi against gloo runs: backend)."""
+    for name, df in (("base", base_df), ("new", new_df)):
+        if df is None or df.empty:
+            return f"the {name} side has no rows"
+    for k in KEYS:
+        if k not in base_df.columns or k not in new_df.columns:
+            continue
+        a = {params_key(v) if k == "params" else _blank(v) for v in base_df[k]}
+        b = {params_key(v) if k == "params" else _blank(v) for v in new_df[k]}
+        if not a & b:
+            return f"no point in common ({k} {', '.join(sorted(a))} vs {', '.join(sorted(b))})"
+    return f"no point in common ({len(base_df)} base rows, {len(new_df)} new rows)"
+
+

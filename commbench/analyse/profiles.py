@@ -8,6 +8,7 @@ and per-direction vs bidirectional are the two mistakes everybody makes.
 """
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, replace
@@ -325,8 +326,8 @@ def _positive(key: str, value, integer: bool = False):
         v = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"override {key}={value!r} is not a number") from None
-    if not v > 0:
-        raise UsageError(f"override {key}={value!r} must be positive")
+    if not (v > 0 and math.isfinite(v)):  # inf would make every time 0 and every share 0 %
+        raise UsageError(f"override {key}={value!r} must be a positive finite number")
     if integer:
         if v != int(v):
             raise UsageError(f"override {key}={value!r} must be a whole number")

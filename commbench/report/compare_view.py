@@ -9,6 +9,7 @@ import math
 from rich.markup import escape
 
 from commbench.analyse.compare import (ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, _refuse_duplicates, compare_runs,
+                                       nothing_in_common,
                                        exit_status, split_only, summary)
 from commbench.core.errors import UsageError
 from commbench.core.units import fmt_size
@@ -151,13 +152,17 @@ def _f(v) -> str:
 def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
                   all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
     """`commbench compare`: load both sides (a run directory or a list of repeated runs
-    each), print, optionally write the frame as CSV; returns the exit status (exit_status)."""
+    each), print, optionally write the frame as CSV; returns the exit status (exit_status).
+    No point matched on both sides (a side without rows, mpi against gloo): UsageError."""
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
     sides = [_load_side(base, "base"), _load_side(new, "new")]
     for side in sides:
         _refuse_duplicates(side)
     df = compare_runs(*sides, threshold_pct)
+    matched, _ = split_only(df)
+    if matched.empty:  # a gate that compared nothing must not pass
+        raise UsageError(f"nothing was compared: {nothing_in_common(*sides)}")
     print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
     if csv_out:
         df.to_csv(csv_out, index=False)

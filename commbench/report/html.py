@@ -302,11 +302,12 @@ def scaling_findings(sc, views) -> list[Finding]:
 
 def fit_section(df) -> Section | None:
     thin: list[str] = []
+    refused: list[str] = []
     try:
-        ft = fit_table(df, thin=thin)
+        ft = fit_table(df, thin=thin, refused=refused)
     except Exception:  # noqa: BLE001
         return None
-    if ft.empty and not thin:
+    if ft.empty and not thin and not refused:
         return None
     multi_run = "run" in ft.columns and ft["run"].nunique() > 1
     vary = {k: _varies(ft, k) for k in ("variant", "placement")}
@@ -325,6 +326,8 @@ def fit_section(df) -> Section | None:
             f"half of B; sweeps of at least {MIN_FIT_SIZES} sizes (two parameters pass through any two points)")
     if thin:
         note += f"; not fitted, too few sizes: {'; '.join(thin)}"
+    if refused:
+        note += f"; not fitted, no link's rate to fit: {'; '.join(refused)}"
     return Section("Alpha-beta fits", note, heads, rows)
 
 

@@ -216,7 +216,8 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
             t.add_row(*[cell[c[0]] for c in cols])
         print_table(console, t, wide)
     thin: list[str] = []
-    ft = fit_table(df, thin=thin)
+    refused: list[str] = []
+    ft = fit_table(df, thin=thin, refused=refused)
     if not ft.empty:
         fr = ft.to_dict("records")
         t = table("alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
@@ -248,6 +249,9 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     if thin:
         console.print(f"no alpha-beta fit (fewer than {MIN_FIT_SIZES} sizes, where two parameters fit any two "
                       f"points exactly): {'; '.join(thin)}", highlight=False, markup=False)
+    if refused:
+        console.print(f"no alpha-beta fit (no link's rate to fit): {'; '.join(refused)}", highlight=False,
+                      markup=False)
 
 
 def report_runs(paths, profile=None) -> None:

@@ -520,9 +520,14 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
     failed = [r for r in rows if r["check"] == "fail"]
     rd = ctx.run_dir
     if rd is not None:
+        # The status is the truth about every row of the variant, not only this launch's: a
+        # resumed run keeps the failed checks of the launches before it.
+        failed = failed_checks(rd.rows(), ctx.variant.name)
+        earlier = len(failed) - sum(r["check"] == "fail" for r in rows)
+        why = (f"{len(failed)} point(s) failed the data check"
+               + (f" ({earlier} of them in an earlier launch of this run)" if earlier else "")) if failed else None
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
-        rd.finish(overall_status(rd.meta["variants"]),
-                  f"{len(failed)} point(s) failed the data check" if failed else None)
+        rd.finish(overall_status(rd.meta["variants"]), why)
 
         print_tables(rows)
         analysis_tables(rows)
@@ -531,7 +536,7 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
                 print(f"warning: {describe_row(r)}: {r['warning']}", file=sys.stderr, flush=True)
         print(f"results: {rd.dir}", flush=True)
         if failed:
-            print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
+            print(f"error: {why}", file=sys.stderr, flush=True)
     if rd is not None:
         # The run is marked and its rows are whole: a rank that hangs from here on (in the
         # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
@@ -546,6 +551,11 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         ctx.backend.finalize()
     ctx.guard.stop()
     return 1 if bad else 0
+
+
+def failed_checks(run_rows: list[dict], variant: str) -> list[dict]:
+    """The rows of one variant of a run (all its launches) whose data check failed."""
+    return [r for r in run_rows if (r.get("variant") or "default") == variant and r.get("check") == "fail"]
 
 
 @contextmanager

@@ -3,6 +3,7 @@ expand the sweep grid into points."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -381,7 +382,7 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
             raise UsageError(f"dtype {d} is not supported by this backend (it has: {', '.join(backend_dtypes)})")
     sizes = resolve_sizes(cfg)
     worlds = resolve_worlds(cfg, launched)
-    points, notes = [], []
+    points, notes, seen = [], [], set()
     for world in worlds:
         for bench in benches:
             if world < bench.min_world or (bench.even_world and world % 2):
@@ -394,6 +395,12 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
                 for dtype in cfg.dtypes if bench.sized else cfg.dtypes[:1]:
                     for nbytes in _sizes_for(bench, world, dtype, params, sizes, cfg, notes) if bench.sized else [0]:
                         p = Point(bench.name, world, dtype, nbytes, params)
+                        # A value given twice (--dtypes float32,float32) is one point: measured
+                        # twice it would leave a run whose rows no reader can choose between.
+                        key = (bench.name, world, dtype, nbytes, json.dumps(params, sort_keys=True, default=str))
+                        if key in seen:
+                            continue
+                        seen.add(key)
                         bench.validate(p)
                         points.append(p)
     for name in cfg.params:

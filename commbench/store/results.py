@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import enum
 import json
+import math
 import os
 import platform
 import shutil
@@ -194,6 +195,18 @@ def read_rows_checked(path: Path) -> tuple[list[dict], list[int]]:
             except Exception:  # noqa: BLE001 (a row whose fields will not migrate is not a row)
                 bad.append(n)
     return rows, bad
+
+
+def time_cannot_be(row: dict) -> bool:
+    """A p50 that no measurement gives: 0, negative, NaN, inf or not a number at all. Such a
+    row (a hand-edited file, a broken import, a clock that went backwards) would compare as
+    "-100 %" or divide by zero; readers leave it out and say so."""
+    v = row.get("time_us_p50")
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return True
+    return not (v > 0 and math.isfinite(v))
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -535,6 +548,17 @@ def load(paths, warn=None):
             raise UsageError(f"{f}:{bad[0]}: not a commbench row (no rows in this file)")
         if bad:
             warn(f"{f}: {len(bad)} line(s) are not rows and were skipped (line {bad[0]} first)")
+        impossible = [r for r in rows if time_cannot_be(r)]
+        if impossible:
+            r = impossible[0]
+            what = (f"{r.get('benchmark')} {r.get('nbytes')} B {r.get('dtype')} world {r.get('world')} "
+                    f"time_us_p50 {r.get('time_us_p50')!r}")
+            if len(impossible) == len(rows):
+                raise UsageError(f"{f}: every row holds a time_us_p50 that cannot be (0, negative, NaN or inf), "
+                                 f"as {what}: nothing to read")
+            warn(f"{f}: {len(impossible)} row(s) hold a time_us_p50 that cannot be (0, negative, NaN or inf) "
+                 f"and were left out ({what} first)")
+            rows = [r for r in rows if not time_cannot_be(r)]
         keys = [r.get("point_key") for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
