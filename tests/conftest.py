@@ -23,3 +23,32 @@ def run_cli(*args, timeout=300, env=None, cwd=None):
 
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py not installed")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+
+
+def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0.0, backend="mpi", device="cpu",
+             dtype="float32", variant="default", placement="out-of-place", params=None, stage="", iters=100,
+             busbw_factor=None, **extra) -> dict:
+    """One row as the harness writes it, at the current schema (SCHEMA_VERSION, point_key()):
+    p90 sits spread_pct above p50, p99 twice that, the mean half of it, std in proportion;
+    min and max spread_pct below and 2 x spread_pct x p50 above; algbw = nbytes / p50 and
+    busbw from the benchmark's own factor (1.0 for a name the registry does not know).
+    Any field can be given to override what it would be."""
+    from commbench.benchmarks import registry
+    from commbench.store.results import SCHEMA_VERSION, point_key
+
+    if busbw_factor is None:
+        b = registry().get(benchmark)
+        busbw_factor = b.busbw_factor(world) if b is not None and b.collective_rows else 1.0
+    s = spread_pct / 100
+    algbw = nbytes / (p50 * 1e-6) / 1e9 if nbytes and p50 > 0 else 0.0
+    row = {"schema": SCHEMA_VERSION,
+           "point_key": point_key(benchmark, world, nbytes, dtype, params or {}, variant, placement),
+           "benchmark": benchmark, "backend": backend, "device": device, "world": world, "nbytes": nbytes,
+           "dtype": dtype, "variant": variant, "placement": placement, "params": params or {}, "stage": stage,
+           "iters": iters, "warmup": 3, "timing": "back_to_back", "clock": "host_clock",
+           "time_us_min": p50 * (1 - 2 * s), "time_us_p50": p50, "time_us_mean": p50 * (1 + s / 2),
+           "time_us_p90": p50 * (1 + s), "time_us_p99": p50 * (1 + 2 * s), "time_us_max": p50 * (1 + 200 * s),
+           "time_us_std": p50 * s, "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor,
+           "busbw_factor": busbw_factor, "check": "ok"}
+    row.update(extra)
+    return row

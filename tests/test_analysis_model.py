@@ -11,6 +11,7 @@ from commbench.analyse import analysis as an
 from commbench.analyse import model as md
 from commbench.core.errors import UsageError
 from commbench.moe import accounting as acc
+from conftest import make_row
 
 SIZES = [2 ** k for k in range(3, 31)]  # 8 B .. 1 GiB
 
@@ -111,9 +112,9 @@ def test_analysis_and_model_import_without_pandas():
 
 
 def _row(world, nbytes=1 << 30, busbw=10.0, benchmark="all_reduce", **extra):
-    return {"run": "r1", "benchmark": benchmark, "backend": "nccl", "device": "gpu", "world": world,
-            "nbytes": nbytes, "dtype": "bfloat16", "variant": "", "params": "{}", "stage": "",
-            "time_us_p50": 100.0, "time_us_p99": 110.0, "busbw_gbps": busbw, "algbw_gbps": busbw / 2, **extra}
+    extra = {"backend": "nccl", "device": "gpu", "dtype": "bfloat16", "variant": "", "params": "{}", **extra}
+    return make_row(benchmark, world, nbytes, 100.0, run="r1", time_us_p99=110.0, busbw_gbps=busbw,
+                    algbw_gbps=busbw / 2, **extra)
 
 
 def test_scaling_efficiency_busbw():

@@ -12,6 +12,7 @@ from rich.console import Console
 from commbench.analyse.compare import compare_runs, exit_status, point_ci, regressions
 from commbench.report.compare_view import compare_paths, print_compare
 from commbench.store.results import RunDir, Status
+from conftest import make_row
 
 SIZES = [1024, 65536, 1 << 20]
 
@@ -19,17 +20,8 @@ SIZES = [1024, 65536, 1 << 20]
 def _row(nbytes, p50, *, spread_pct=1.0, iters=1000, run="r", bench="all_reduce", world=4, variant="default",
          params=None, stage="", **extra):
     """A commbench-like row: p90 sits spread_pct above p50; std in proportion."""
-    p90 = p50 * (1 + spread_pct / 100)
-    algbw = nbytes / (p50 * 1e-6) / 1e9
-    r = {"schema": 2, "benchmark": bench, "backend": "mpi", "device": "cpu", "world": world, "nbytes": nbytes,
-         "dtype": "float32", "variant": variant, "params": params or {}, "stage": stage, "iters": iters,
-         "warmup": 3, "timing": "back_to_back", "clock": "host_clock", "time_us_min": p50 * 0.98,
-         "time_us_p50": p50, "time_us_mean": p50 * (1 + spread_pct / 200), "time_us_p90": p90,
-         "time_us_p99": p50 * (1 + 2 * spread_pct / 100), "time_us_max": p50 * 3,
-         "time_us_std": p50 * spread_pct / 100, "algbw_gbps": algbw, "busbw_gbps": algbw * 1.5,
-         "busbw_factor": 1.5, "check": "ok", "run": run}
-    r.update(extra)
-    return r
+    return make_row(bench, world, nbytes, p50, spread_pct=spread_pct, iters=iters, variant=variant, params=params,
+                    stage=stage, busbw_factor=1.5, placement=None, run=run, **extra)
 
 
 def _run(scale=1.0, run="r", **kw):

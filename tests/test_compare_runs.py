@@ -16,7 +16,7 @@ from commbench.core.stats import t_quantile
 from commbench.report.compare_view import _pct_text, compare_paths, print_compare, split_sides
 from commbench.core.errors import UsageError
 from commbench.store.results import RunDir, Status
-from conftest import needs_mpi, run_cli
+from conftest import make_row, needs_mpi, run_cli
 
 SIZES = [8 << i for i in range(14)]  # 8 .. 64K, as `run quick --sizes 8:64K`
 
@@ -24,13 +24,8 @@ SIZES = [8 << i for i in range(14)]  # 8 .. 64K, as `run quick --sizes 8:64K`
 def _row(nbytes, p50, run, bench="all_reduce"):
     """A commbench row whose own interval is tight (p90 1 % above p50 over 2000
     iterations), as on a quiet moment of a run: far narrower than the run-to-run drift."""
-    return {"schema": 3, "benchmark": bench, "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
-            "dtype": "float32", "variant": "default", "placement": "in-place", "params": {}, "stage": "",
-            "iters": 2000, "warmup": 3, "timing": "back_to_back", "clock": "host_clock",
-            "time_us_min": p50 * 0.98, "time_us_p50": p50, "time_us_mean": p50 * 1.005, "time_us_p90": p50 * 1.01,
-            "time_us_p99": p50 * 1.02, "time_us_max": p50 * 3, "time_us_std": p50 * 0.01,
-            "algbw_gbps": nbytes / (p50 * 1e-6) / 1e9, "busbw_gbps": nbytes / (p50 * 1e-6) / 1e9,
-            "busbw_factor": 1.0, "check": "ok", "run": run}
+    return make_row(bench, 2, nbytes, p50, spread_pct=1.0, placement="in-place", iters=2000, busbw_factor=1.0,
+                    run=run)
 
 
 def _true_us(nbytes):

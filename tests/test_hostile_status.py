@@ -13,7 +13,7 @@ import pytest
 
 from commbench.analyse import analysis as an
 from commbench.store.results import RunDir, Status, load
-from conftest import needs_mpi, run_cli
+from conftest import make_row, needs_mpi, run_cli
 
 RUN = ["quick", "--np", "2", "--backend", "mpi", "-b", "all_reduce", "--sizes", "8,16", "--iters", "3",
        "--warmup", "1", "--check"]
@@ -209,12 +209,8 @@ def test_repeated_dtypes_measure_each_point_once_and_compare_takes_the_run(tmp_p
 
 
 def _row(nbytes, p50=1.0, backend="mpi"):
-    return {"schema": 3, "benchmark": "all_reduce", "backend": backend, "device": "cpu", "world": 2,
-            "nbytes": nbytes, "dtype": "float32", "variant": "default", "placement": "out-of-place", "params": {},
-            "stage": "", "iters": 100, "time_us_min": p50, "time_us_p50": p50, "time_us_mean": p50,
-            "time_us_p90": p50, "time_us_p99": p50, "time_us_max": p50, "time_us_std": 0.0, "algbw_gbps": 1.0,
-            "busbw_gbps": 1.0, "busbw_factor": 1.0, "check": "ok",
-            "point_key": f"default|all_reduce|2|{nbytes}|float32|{{}}|out-of-place"}
+    return make_row("all_reduce", 2, nbytes, p50, backend=backend, algbw_gbps=1.0, busbw_gbps=1.0,
+                    busbw_factor=1.0)
 
 
 def _run_dir(path, rows):

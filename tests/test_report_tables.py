@@ -13,6 +13,7 @@ from rich.console import Console
 
 from commbench.report.terminal import analysis_tables, print_tables, variant_tables
 from commbench.report.viewkit import num
+from conftest import make_row
 
 WORLDS = (2, 4)
 SIZES = [8 << i for i in range(20)]  # 8 B .. 4 MiB, as the quick suite
@@ -22,16 +23,12 @@ BENCHES = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n -
 
 def _row(bench, world, nbytes, p50, **kw):
     factor = BENCHES.get(bench, lambda n: 1.0)(world)
-    alg = nbytes / (p50 * 1e-6) / 1e9 if nbytes else 0.0
-    r = {"schema": 3, "benchmark": bench, "backend": "mpi", "device": "cpu", "world": world, "nbytes": nbytes,
-         "dtype": "float32", "variant": "default", "placement": "out-of-place", "params": {}, "stage": "",
-         "iters": 1234, "warmup": 5, "timing": "back_to_back", "clock": "host_clock", "time_us_min": p50,
-         "time_us_p50": p50, "time_us_mean": p50, "time_us_p90": p50, "time_us_p99": p50 * 3.7,
-         "time_us_max": p50 * 9.1, "time_us_std": 1.0, "algbw_gbps": alg, "busbw_gbps": alg * factor,
-         "busbw_factor": factor, "check": "ok", "tier": "scaleup", "bottleneck": "shared memory (memcpy)",
-         "ceiling_gbps": 9.422, "ceiling_achieved_gbps": 9.422, "compared_as": "busbw",
-         "pct_of_ceiling": 100 * alg * factor / 9.422, "pct_of_achieved": 100 * alg * factor / 9.422,
-         "time_bound_us": nbytes * factor / 9.422e3, "profile": "loopback", "run": "r"}
+    alg = nbytes * factor / (p50 * 1e-6) / 1e9 if nbytes else 0.0
+    r = make_row(bench, world, nbytes, p50, iters=1234, busbw_factor=factor, time_us_p99=p50 * 3.7,
+                 time_us_max=p50 * 9.1, time_us_std=1.0, tier="scaleup", bottleneck="shared memory (memcpy)",
+                 ceiling_gbps=9.422, ceiling_achieved_gbps=9.422, compared_as="busbw", pct_of_ceiling=100 * alg / 9.422,
+                 pct_of_achieved=100 * alg / 9.422, time_bound_us=nbytes * factor / 9.422e3, profile="loopback",
+                 run="r")
     r.update(kw)
     return r
 
@@ -165,7 +162,7 @@ def test_a_fit_needs_three_sizes():
 def test_wide_flag_on_report(tmp_path):
     from commbench.store.results import RunDir, Status
 
-    from conftest import run_cli
+    from conftest import make_row, run_cli
 
     rd = RunDir(tmp_path / "run").open({"schema": 3, "status": "running", "hosts": ["h"] * 2})
     for r in quick_rows():

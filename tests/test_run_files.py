@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 
 from commbench.store.results import RunDir, Status, load, read_rows_checked
-from conftest import run_cli
+from conftest import make_row, run_cli
 
 
 def _row(nbytes, p50=1.0, key=None):
-    return {"schema": 3, "benchmark": "all_reduce", "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
-            "dtype": "float32", "variant": "default", "placement": "out-of-place", "params": {}, "stage": "",
-            "iters": 100, "time_us_min": p50, "time_us_p50": p50, "time_us_mean": p50, "time_us_p90": p50,
-            "time_us_p99": p50, "time_us_max": p50, "time_us_std": 0.0, "algbw_gbps": 0.0, "busbw_gbps": 0.0,
-            "busbw_factor": 1.0, "check": "ok", "point_key": key or f"default|all_reduce|2|{nbytes}|float32|{{}}"}
+    r = make_row("all_reduce", 2, nbytes, p50, algbw_gbps=0.0, busbw_gbps=0.0, busbw_factor=1.0)
+    return {**r, "point_key": key} if key else r
 
 
 def test_resume_after_a_torn_line_starts_a_fresh_line(tmp_path):

@@ -14,18 +14,14 @@ from commbench.benchmarks.base import for_rows
 from commbench.report.terminal import print_tables
 from commbench.store.results import RunDir, Status
 
-from conftest import run_cli
+from conftest import make_row, run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _row(benchmark, world, nbytes, p50, **extra):
-    algbw = nbytes / (p50 * 1e-6) / 1e9
-    return {"schema": 2, "benchmark": benchmark, "backend": "mpi", "device": "cpu", "world": world, "nbytes": nbytes,
-            "dtype": "float32", "variant": "default", "params": {}, "stage": "", "iters": 50, "warmup": 5,
-            "timing": "back_to_back", "clock": "host_clock", "time_us_min": p50, "time_us_p50": p50,
-            "time_us_mean": p50, "time_us_p90": p50, "time_us_p99": p50 * 1.1, "time_us_max": p50 * 2,
-            "time_us_std": 0.1, "algbw_gbps": algbw, "busbw_gbps": algbw, "busbw_factor": 1.0, "check": "ok", **extra}
+    return make_row(benchmark, world, nbytes, p50, placement=None, iters=50, time_us_p99=p50 * 1.1,
+                    time_us_max=p50 * 2, time_us_std=0.1, **extra)
 
 
 @pytest.fixture
