@@ -12,7 +12,7 @@ ARGS ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model gpu-check test list bench-overhead c-loop bench-fidelity two-hosts clean
+.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model gpu-check test test-fast list bench-overhead c-loop bench-fidelity two-hosts clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -116,6 +116,10 @@ bench-fidelity: install c-loop
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+# The unit tests alone (no test that starts ranks): under 2 minutes on 2 cores.
+test-fast: install
+	$(PY) -m pytest -q -m "not multirank" $(ARGS)
 
 # Two hosts on this machine (network namespaces, root only; tools/twohosts.py): 2 and 4 ranks
 # across them on mpi and gloo, checks on, each run's hosts and nodes; then the alpha-beta fit
