@@ -142,10 +142,30 @@ def test_readme_is_short():
 def test_readme_links_to_docs_that_exist_or_are_listed():
     """Every docs/ page README links to is present, except the pages written beside these."""
     text = (ROOT / "README.md").read_text()
-    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", text))
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[\w-]+)?\)", text))
     assert linked, "README should point to docs/"
     missing = {p for p in linked if not (ROOT / p).is_file()}
     assert missing <= PAGES_ELSEWHERE, f"README links to missing pages: {sorted(missing - PAGES_ELSEWHERE)}"
+
+
+def test_links_between_pages_resolve():
+    """Links from one docs/ page to another (and their #anchors) lead somewhere."""
+    bad = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        for target, anchor in re.findall(r"\]\(([\w.-]+\.md)(?:#([\w-]+))?\)", path.read_text()):
+            page = ROOT / "docs" / target
+            if not page.is_file():
+                if f"docs/{target}" not in PAGES_ELSEWHERE:
+                    bad.append(f"{path.name}: {target}")
+                continue
+            if anchor and anchor not in {_anchor(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}:
+                bad.append(f"{path.name}: {target}#{anchor}")
+    assert not bad, bad
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 # Pages that other parts of the documentation own; README links to them before they land.
