@@ -76,7 +76,7 @@ ceilings: install
 
 # What-if: DeepSeek-V3 dispatch/combine at EP 8..256 (512 and 1024 are listed as left out: 256 experts),
 # then all_reduce algorithms at 8..1024 GPUs, on GB300 NVL72 vs HGX H100. Worlds above one rack run
-# in equal parts per rack (128 = 2 x 64 of 72 GPUs; README "What-if model").
+# in equal parts per rack (128 = 2 x 64 of 72 GPUs; docs/model.md).
 model: install
 	$(PY) -m commbench model --kind moe --profile gb300-nvl72,h100-hgx $(ARGS)
 	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,inswitch,hierarchical $(ARGS)
@@ -125,6 +125,11 @@ bench-fidelity: install c-loop
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+# The unit tests alone (no test that starts ranks): under 2 minutes on 2 cores.
+.PHONY: test-fast
+test-fast: install
+	$(PY) -m pytest -q -m "not multirank" $(ARGS)
 
 # Two hosts on this machine (network namespaces, root only; tools/twohosts.py): 2 and 4 ranks
 # across them on mpi and gloo, checks on, each run's hosts and nodes; then the alpha-beta fit
