@@ -52,3 +52,37 @@ def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0
            "busbw_factor": busbw_factor, "check": "ok"}
     row.update(extra)
     return row
+
+
+# What makes a test slow on 2 cores is starting processes (ranks, launchers, the CLI): a test
+# whose body or fixtures do so is marked `multirank`, and `make test-fast` leaves those out.
+_SPAWNS = ("run_cli(", "subprocess.", "Popen(", "mpirun", "spawn_local(", "_run_ranks(", "torchrun")
+
+
+def _spawns(func, seen=None) -> bool:
+    """Whether func, or a function of its module that it calls (followed down), starts processes."""
+    import inspect
+
+    seen = set() if seen is None else seen
+    if func in seen or not inspect.isfunction(func):
+        return False
+    seen.add(func)
+    try:
+        src = inspect.getsource(func)
+    except (OSError, TypeError):
+        return False
+    if any(s in src for s in _SPAWNS):
+        return True
+    glb = func.__globals__
+    return any(_spawns(glb[n], seen) for n in func.__code__.co_names
+               if inspect.isfunction(glb.get(n)) and glb[n].__module__ in (func.__module__, "conftest"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        funcs = [getattr(item, "function", None)]
+        info = getattr(item, "_fixtureinfo", None)
+        for defs in (info.name2fixturedefs.values() if info else ()):
+            funcs += [d.func for d in defs]
+        if any(f is not None and _spawns(f) for f in funcs):
+            item.add_marker(pytest.mark.multirank)

@@ -19,6 +19,7 @@ import pytest
 from commbench.backends.base import Comm, Handle
 from commbench.benchmarks.base import Point
 from commbench.backends.compute import Compute, Gemm, calibrate_gemm, gemm_flops
+from commbench.report import views
 from commbench.benchmarks.overlap import (Overlap, OverlapCore, make_schedule, overlap_fields, overlap_imb_pct,
                                           overlap_osu_pct, row_warnings)
 from commbench.run.runner import Harness
@@ -342,7 +343,7 @@ def test_a_compute_faster_beside_the_all_reduce_is_flagged_and_shown():
     assert "compute slowdown" in row["warning"]
     row.update(world=1, nbytes=4096, backend="fake", device="cpu", check="ok")
     console = Console(file=io.StringIO(), width=400)
-    console.print(*Overlap().tables([row], plain=True))
+    console.print(*views.tables(Overlap(), [row], plain=True))
     assert "faster beside the" in console.file.getvalue()
 
 
@@ -442,7 +443,7 @@ def test_table_renders():
     row, _ = measure_fake(FakeComm("async"), iters=2)
     row.update(world=1, nbytes=4096, backend="fake", device="cpu", check="ok")
     console = Console(file=io.StringIO(), width=250)
-    console.print(*Overlap().tables([row], plain=True))
+    console.print(*views.tables(Overlap(), [row], plain=True))
     text = console.file.getvalue()
     for col in ("t_comm", "t_overall", "OSU %", "IMB %", "slowdown", "exposed (us)", "GFLOP/s alone", "check"):
         assert col in text
