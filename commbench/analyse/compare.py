@@ -20,7 +20,6 @@ computed in core.stats, so scipy is not needed). The table is drawn by report.co
 """
 from __future__ import annotations
 
-import json
 import math
 
 from commbench.analyse.analysis import params_key

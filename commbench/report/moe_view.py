@@ -8,7 +8,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 
 from commbench.benchmarks.base import for_rows
 from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)

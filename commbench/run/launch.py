@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
