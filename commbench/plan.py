@@ -83,15 +83,35 @@ def plan(cfg, points: list, world: int, device: str, check_counts: bool = False)
         out.append({"point": p, "mem_nbytes": mem, "est_s": point_seconds(cfg, p)})
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
-        big = max(out, key=lambda r: r["mem_nbytes"])
-        local = min(launch.local_ranks(world), world)
-        if avail is not None and big["mem_nbytes"] * local > avail:
+        local = launch.local_ranks(world)
+        # A point holds buffers on its own ranks only: a 2-rank point of a 4-rank launch, 2.
+        here = {id(r): min(local, world, r["point"].world) for r in out}
+        big = max(out, key=lambda r: r["mem_nbytes"] * here[id(r)])
+        n = here[id(big)]
+        if avail is not None and big["mem_nbytes"] * n > avail:
             p = big["point"]
+            what = (f"{p.benchmark} {fmt_size(p.nbytes)}" if get(p.benchmark).sized else
+                    f"{p.benchmark} {' '.join(f'{k}={v}' for k, v in p.params.items() if k in _SHAPE_KEYS)}")
             raise UsageError(
-                f"{p.benchmark} {fmt_size(p.nbytes)} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} "
-                f"per rank, {fmt_mem(big['mem_nbytes'] * local)} for {local} ranks on this host, which has "
-                f"{fmt_mem(avail)} available: lower the sizes or the ranks per host")
+                f"{what} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} per rank, "
+                f"{fmt_mem(big['mem_nbytes'] * n)} for {n} ranks on this host, which has {fmt_mem(avail)} "
+                f"available: {_lower_hint(get(p.benchmark), p.benchmark)} or the ranks per host")
     return out
+
+
+# The params that set an unsized benchmark's buffers, named in a refusal.
+_SHAPE_KEYS = ("tokens", "hidden", "experts", "topk", "copies", "mode", "capacity")
+
+
+def _lower_hint(bench, name: str) -> str:
+    """What shrinks a point's buffers: the sizes, or for a benchmark without sizes its
+    token count (the MoE knob, `make moe MOE_TOKENS=`)."""
+    if bench.sized:
+        return "lower the sizes"
+    if "tokens" in bench.params:
+        make = " (make MOE_TOKENS=N)" if name == "moe" else ""
+        return f"lower the tokens per rank with --param {name}.tokens=N{make}"
+    return "lower its params"
 
 
 def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:

@@ -224,8 +224,10 @@ class Progress:
     def label(self, point) -> str:
         vary = self.varying.get(point.benchmark, {})
         params = " ".join(f"{k}={v}" for k, v in point.params.items() if len(vary.get(k, ())) > 1)
-        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes), point.dtype, params)
-                        if x)
+        # A benchmark without sizes (moe) has no size or dtype to name: its params say its point.
+        sized = get(point.benchmark).sized
+        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes) if sized else "",
+                                    point.dtype if sized else "", params) if x)
 
     def update(self, point, rows):
         self.done += 1

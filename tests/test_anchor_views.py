@@ -1,0 +1,68 @@
+"""Results in the shapes other tools' users read: params as pandas columns, the MoE stage
+view, nccl-tests' and OSU's tables, MoE's refusals and progress lines."""
+from __future__ import annotations
+
+import json
+
+import commbench
+
+
+def _moe_row(copies, stage, p50, world=2, tokens=256):
+    params = {"tokens": tokens, "hidden": 7168, "experts": 256, "topk": 8, "copies": copies, "routing": "uniform"}
+    return {"schema": 3, "benchmark": "moe", "backend": "mpi", "device": "cpu", "world": world, "nbytes": 1000,
+            "dtype": "fp8", "variant": "default", "placement": None, "params": params, "stage": stage,
+            "time_us_p50": p50, "time_us_p99": p50 * 1.5, "check": "ok",
+            "point_key": f"default|moe|{world}|0|float32|{json.dumps(params, sort_keys=True)}|{stage}"}
+
+
+def test_load_flattens_params_into_columns(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [_moe_row("rank", "dispatch", 100.0), _moe_row("rank", "combine", 300.0),
+            _moe_row("expert", "dispatch", 200.0), _moe_row("expert", "combine", 700.0)]
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = commbench.load(run)
+    assert {"moe.tokens", "moe.copies", "moe.routing"} <= set(df.columns)
+    assert isinstance(df["params"].iloc[0], dict)  # the dict column stays
+    mean = df.groupby("moe.copies")["time_us_p50"].mean()
+    assert mean.to_dict() == {"expert": 450.0, "rank": 200.0}
+    assert df.pivot_table(index="moe.copies", columns="stage", values="time_us_p50").loc["rank", "combine"] == 300.0
+
+
+def _points(raw, world=2):
+    from commbench import suite as suite_mod
+
+    cfg = suite_mod.build_config(dict(raw, name="t"))
+    points, _ = suite_mod.expand(cfg, world, ("float32",))
+    return cfg, points
+
+
+MOE_SMALL = {"benchmarks": ["moe"], "worlds": [2], "params": {"moe": {"tokens": 4096, "copies": ["rank", "expert"]}}}
+
+
+def test_moe_progress_lines_show_no_size_or_dtype():
+    from commbench.runner import Progress
+
+    cfg, points = _points(MOE_SMALL, world=4)
+    pr = Progress(points, enabled=False, cfg=cfg)
+    labels = sorted(pr.label(p) for p in points)
+    assert labels == ["moe w2 copies=expert", "moe w2 copies=rank"]
+
+
+def test_moe_memory_refusal_names_the_moe_knobs_and_the_points_ranks(monkeypatch):
+    import pytest
+
+    from commbench import plan as plan_mod
+    from commbench.errors import UsageError
+
+    cfg, points = _points(MOE_SMALL, world=4)
+    need = max(plan_mod.plan(cfg, points, 4, "gpu")[i]["mem_nbytes"] for i in range(len(points)))
+    # Room for 2 ranks of the largest point but not 4: the 2-rank point fits in a 4-rank launch.
+    monkeypatch.setattr(plan_mod, "_mem_available_nbytes", lambda: 3 * need)
+    plan_mod.plan(cfg, points, 4, "cpu")
+    monkeypatch.setattr(plan_mod, "_mem_available_nbytes", lambda: need)
+    with pytest.raises(UsageError) as e:
+        plan_mod.plan(cfg, points, 4, "cpu")
+    msg = str(e.value)
+    assert "for 2 ranks" in msg and "--param moe.tokens" in msg and "MOE_TOKENS" in msg
+    assert "sizes" not in msg
