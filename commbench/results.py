@@ -542,7 +542,8 @@ def load(paths, warn=None):
             raise UsageError(f"{f}:{bad[0]}: not a commbench row (no rows in this file)")
         if bad:
             warn(f"{f}: {len(bad)} line(s) are not rows and were skipped (line {bad[0]} first)")
-        keys = [r.get("point_key") for r in rows]
+        # A point's stages (moe's dispatch and combine) are rows of one point key.
+        keys = [(r.get("point_key"), r.get("stage")) for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
             warn(f"{f}: {dup} point(s) appear more than once")

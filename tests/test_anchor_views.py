@@ -66,3 +66,57 @@ def test_moe_memory_refusal_names_the_moe_knobs_and_the_points_ranks(monkeypatch
     msg = str(e.value)
     assert "for 2 ranks" in msg and "--param moe.tokens" in msg and "MOE_TOKENS" in msg
     assert "sizes" not in msg
+
+
+def _staged(copies, stage, p50, stages, tokens=256, world=2, remote=1.0, logical=2.0, out=0.0):
+    r = _moe_row(copies, stage, p50, world=world, tokens=tokens)
+    r.update({f"stage_us_{k}": v for k, v in stages.items()})
+    r.update(remote_gbps=remote, logical_gbps=logical, scaleup_gbps=remote - out, scaleout_gbps=out,
+             load_max_over_mean=1.0, hottest_rank=0, run="r")
+    return r
+
+
+STAGED = [_staged("rank", "dispatch", 500.0, {"layout": 120.0, "counts": 30.0, "pack": 25.0, "a2a": 320.0},
+                  remote=3.9, logical=7.9),
+          _staged("rank", "combine", 4800.0, {"pack": 60.0, "a2a": 1450.0, "reduce": 3200.0}, remote=0.77,
+                  logical=1.54),
+          _staged("expert", "dispatch", 4100.0, {"layout": 370.0, "pack": 260.0, "a2a": 3440.0}),
+          _staged("expert", "combine", 23000.0, {"pack": 180.0, "a2a": 9900.0, "reduce": 16100.0})]
+
+
+def test_moe_table_shows_both_rates_the_tier_split_and_what_decides():
+    import io
+
+    from rich.console import Console
+
+    from commbench.report import print_tables
+
+    c = Console(file=io.StringIO(), width=240, color_system=None)
+    print_tables(STAGED, console=c, wide=False)
+    out = c.file.getvalue()
+    flat = " ".join(out.split())
+    for head in ("ours", "DeepEP", "scale-up", "scale-out", "decided", "tokens/s", "(GB/s)"):
+        assert head in flat, head
+    assert "reduce 67%" in out and "a2a 64%" in out  # 3200/4800, 320/500
+    assert "7.90" in out and "3.90" in out  # both GB/s of the rank-copies dispatch
+
+
+def test_moe_summary_names_the_deciding_stage_and_the_stage_figure_is_drawn(tmp_path):
+    from commbench.htmlreport import write_report
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STAGED))
+    res = write_report([run], tmp_path / "out")
+    assert "moe_stages" in res["figures"] and res["figures"]["moe_stages"].is_file()
+    moe = {f.measure: f for f in res["findings"] if f.topic == "moe"}
+    assert "reduce outside the exchange decides" in moe["combine (n=2)"].verdict
+    assert "exchange (a2a) decides" in moe["dispatch (n=2)"].verdict
+    assert "GB/s DeepEP" in moe["dispatch (n=2)"].value and "GB/s ours" in moe["dispatch (n=2)"].value
+    # Noise-close stages are named together, never one picked by a coin toss.
+    close = _staged("rank", "combine", 1000.0, {"a2a": 450.0, "reduce": 420.0})
+    from commbench.benchmarks.moe_view import deciding
+
+    assert deciding(close)[0] == ["a2a", "reduce"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index("reduce outside the exchange decides") < html.index("<figure")  # the answer first
