@@ -6,6 +6,7 @@ import os
 import sys
 
 from .analysis import presenters
+from .styles import STYLES, nccl_tests_lines, osu_lines
 from .units import fmt_size
 from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
 
@@ -25,6 +26,22 @@ _WIDE = False
 def set_wide(on: bool) -> None:
     global _WIDE
     _WIDE = bool(on)
+
+
+# `--style` (run, report): "table" (commbench's tables), or the layout of the tool the
+# reader knows ("nccl-tests", "osu"; commbench.styles) for the sized collectives' rows.
+_STYLE = "table"
+
+
+def set_style(style: str | None) -> None:
+    global _STYLE
+    _STYLE = style or "table"
+
+
+def styled_rows(rows) -> bool:
+    """Print rows in the chosen non-table style (sized collectives only); True when
+    that style is on. Rows of other benchmarks keep their own tables."""
+    return _STYLE in STYLES[1:]
 
 
 def _console():
@@ -47,11 +64,19 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     by_bench: dict[str, list] = {}
     for r in rows:
         by_bench.setdefault(r["benchmark"], []).append(r)
+    styled = []
     for bench, rs in by_bench.items():
         b = for_rows(bench)
+        if styled_rows(rs) and b.collective_rows and b.sized:
+            styled += rs
+            continue
         own = b.tables(rs, plain)
         for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
             print_table(console, t, wide)
+    if styled:
+        # Plain lines, as the other tool writes them: no markup, no wrapping.
+        for line in (nccl_tests_lines if _STYLE == "nccl-tests" else osu_lines)(styled):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _varies(rs, key, within: str | None = None) -> bool:
@@ -174,7 +199,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     from .analysis import MIN_FIT_SIZES, fit_table, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
-    if df.empty:
+    if df.empty or _STYLE != "table":  # another tool's layout has no such tables
         return
     console = console or _console()
     wide = _WIDE if wide is None else wide
@@ -258,7 +283,7 @@ def report_runs(paths, profile=None) -> None:
         df = rejudge(df, paths, profile)
     print_tables(df)
     analysis_tables(df)
-    if "variant" in df and df["variant"].nunique() > 1:
+    if "variant" in df and df["variant"].nunique() > 1 and _STYLE == "table":
         variant_tables(df, None, skipped_variants(load_meta(p) for p in paths))
 
 

@@ -227,7 +227,7 @@ class Progress:
         # A benchmark without sizes (moe) has no size or dtype to name: its params say its point.
         sized = get(point.benchmark).sized
         return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes) if sized else "",
-                                    point.dtype if sized else "", params) if x)
+                                    point.dtype if sized else "", "in-place" if point.in_place else "", params) if x)
 
     def update(self, point, rows):
         self.done += 1
@@ -470,10 +470,18 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         for n in notes:
             print(f"note: {n}", flush=True)
     done = set(world.allgather_obj(sorted(done))[0])
-    ctx.todo = [p for p in points if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
-                                               get(p.benchmark).placement(world, p)) not in done]
+    # A placement the backend cannot give (torch's all_reduce is in place only) makes both
+    # placements one point: measured once.
+    ctx.todo, seen, n_done = [], set(done), 0
+    for p in points:
+        key = point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
+                        get(p.benchmark).placement(world, p))
+        n_done += key in done
+        if key not in seen:
+            seen.add(key)
+            ctx.todo.append(p)
     if ctx.is_root and resume:
-        print(f"resume: {len(points) - len(ctx.todo)} of {len(points)} points already in {ctx.run_dir.dir}, "
+        print(f"resume: {n_done} of {len(points)} points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
 
 

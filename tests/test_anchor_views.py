@@ -120,3 +120,70 @@ def test_moe_summary_names_the_deciding_stage_and_the_stage_figure_is_drawn(tmp_
     assert deciding(close)[0] == ["a2a", "reduce"]
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.index("reduce outside the exchange decides") < html.index("<figure")  # the answer first
+
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def _data_lines(text_):
+    return [ln for ln in text_.splitlines() if ln.strip() and not ln.startswith("#") and ln.lstrip()[0].isdigit()]
+
+
+def test_imported_nccl_tests_file_reads_as_nccl_tests_printed_it(tmp_path):
+    from commbench.importers import import_to_run
+    from commbench.styles import NCCL_HEADER, nccl_tests_lines
+
+    for name in ("nccl_all_reduce_8gpu.txt", "nccl_alltoall_8gpu.txt"):
+        src = (FIXTURES / name).read_text()
+        out, _, _ = import_to_run([FIXTURES / name], tmp_path / name)
+        lines = nccl_tests_lines(commbench.load(out).to_dict("records"))
+        ours = [ln for ln in lines if not ln.startswith("#")]
+        # The importer keeps no 0-byte point (alltoall's first line): every other line, as printed.
+        assert ours == [ln for ln in _data_lines(src.split("# Out of bounds")[0]) if ln.split()[0] != "0"]
+        head = [ln.rstrip() for ln in src.splitlines() if ln.startswith("#  ") and ("size" in ln or "(B)" in ln)]
+        assert [h.rstrip() for h in NCCL_HEADER[1:]] == head
+        assert "# Out of bounds values : 0 OK" in lines
+        if name.startswith("nccl_all_reduce"):
+            avg = [ln for ln in lines if ln.startswith("# Avg bus bandwidth")][0]
+            # The mean over both placements of the printed busbw (nccl-tests' 76.1415 averages unrounded ones).
+            assert abs(float(avg.split(":")[1]) - 76.1415) < 0.005
+
+
+def test_osu_style_prints_size_avg_min_max_iterations(tmp_path):
+    from commbench.importers import import_to_run
+    from commbench.styles import OSU_HEADER, osu_lines
+
+    src = (FIXTURES / "osu_allreduce_f.txt").read_text()
+    out, _, _ = import_to_run([FIXTURES / "osu_allreduce_f.txt"], tmp_path / "osu", world=4)
+    lines = osu_lines(commbench.load(out).to_dict("records"))
+    assert OSU_HEADER in lines
+    assert [ln for ln in lines if not ln.startswith("#")] == _data_lines(src)
+    # A measured row: mean, min and max of its own samples.
+    r = {"benchmark": "all_reduce", "backend": "mpi", "device": "cpu", "world": 2, "dtype": "float32", "nbytes": 8,
+         "params": {}, "time_us_mean": 2.5, "time_us_min": 1.25, "time_us_max": 9.0, "iters": 40}
+    assert "8                     2.50              1.25              9.00          40" in osu_lines([r])
+
+
+def test_run_style_nccl_tests_measures_both_placements_on_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "commbench", "run", "-b", "all_reduce,all_gather", "--sizes", "64,1K",
+                        "--np", "2", "--backend", "mpi", "--iters", "5", "--warmup", "1", "--style", "nccl-tests",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    ar = lines[lines.index(next(ln for ln in lines if "commbench all_reduce" in ln)):]
+    rows = _data_lines("\n".join(ar[:12]))[:2]
+    # Both halves timed (no --check: #wrong is N/A, as nccl-tests prints it unchecked).
+    assert len(rows) == 2 and all(float(ln.split()[5]) > 0 and float(ln.split()[9]) > 0 for ln in rows)
+    ag = lines[lines.index(next(ln for ln in lines if "commbench all_gather" in ln)):]
+    assert all(ln.split()[-4:] == ["N/A"] * 4 for ln in _data_lines("\n".join(ag[:12]))[:2])  # no in-place
+    assert any(ln.startswith("# Avg bus bandwidth") for ln in lines)
+    df = commbench.load(out)
+    assert sorted(df[df["benchmark"] == "all_reduce"]["placement"].unique()) == ["in-place", "out-of-place"]
+    # Told otherwise, one placement.
+    from commbench import suite as suite_mod
+
+    assert suite_mod.placements_of(suite_mod.build_config({"benchmarks": ["all_reduce"], "in_place": True})) == (True,)
