@@ -14,7 +14,8 @@ from .analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scalin
 from .report import METRIC_NAMES, own_metrics_caption
 from .results import params_dict
 from .units import fmt_size
-from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
+from .viewkit import (Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order,
+                      size_cells, text)
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -141,14 +142,15 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: di
     vary = {c: c in g.columns and g[c].map(text).nunique() > 1 for c in keys}
     ceil = "pct_of_ceiling" in g.columns and g["pct_of_ceiling"].astype(float).notna().any()
     heads = (["run"] if multi_run else []) + ["world"] + [c for c in keys if vary[c]] + \
-        ["size", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
+        ["size (B)", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
         (["ceiling (GB/s)", "% of ceiling"] if ceil else []) + ["check"]
     rows = []
     sort = [c for c in ("run", "world", "variant", "placement", "dtype", "stage", "nbytes") if c in g.columns]
-    for r in g.sort_values(sort).to_dict("records"):
+    records = g.sort_values(sort).to_dict("records")
+    for r, size in zip(records, size_cells(int(r["nbytes"]) for r in records)):
         cells = ([text(r["run"])] if multi_run else []) + [str(r["world"])]
         cells += [(b.describe(r.get("params") or {}) if c == "params" else text(r.get(c))) for c in keys if vary[c]]
-        cells += [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
+        cells += [size, fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
                   fmt(r["busbw_gbps"], 3)]
         if ceil:
             cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
@@ -257,15 +259,17 @@ def scaling_section(df, figures: dict) -> Section | None:
     vary = {k: _varies(sc, k) for k in ("variant", "placement", "dtype")}
     show_params = any(not views[r["benchmark"]].sized or params_dict(r["params"]) for r in rs)
     heads = (["run"] if multi_run else []) + ["benchmark"] + [k for k in ("variant", "placement", "dtype") if vary[k]] \
-        + (["params"] if show_params else []) + ["stage", "size", "world", "metric", "value", "efficiency"]
+        + (["params"] if show_params else []) + ["stage", "size (B)", "world", "metric", "value (metric's unit)",
+                                                  "efficiency (%)"]
     rows = []
+    sized_cells = iter(size_cells(int(r["nbytes"]) for r in rs if views[r["benchmark"]].sized))
     for r in rs:
         b = views[r["benchmark"]]
         rows.append(([text(r["run"])] if multi_run else []) + [r["benchmark"]]
                     + [text(r.get(k)) for k in ("variant", "placement", "dtype") if vary[k]]
                     + ([b.describe(params_dict(r["params"]))] if show_params else [])
-                    + [text(r.get("stage")), fmt_size(int(r["nbytes"])) if b.sized else "", str(r["world"]),
-                       METRIC_NAMES.get(r["metric"], r["metric"]), num(r["value"]), f"{r['efficiency_pct']:.1f}%"])
+                    + [text(r.get("stage")), next(sized_cells) if b.sized else "", str(r["world"]),
+                       METRIC_NAMES.get(r["metric"], r["metric"]), num(r["value"]), f"{r['efficiency_pct']:.1f}"])
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
                    "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
@@ -306,7 +310,7 @@ def fit_section(df) -> Section | None:
     multi_run = "run" in ft.columns and ft["run"].nunique() > 1
     vary = {k: _varies(ft, k) for k in ("variant", "placement")}
     heads = (["run"] if multi_run else []) + ["benchmark", "world"] + [k for k in ("variant", "placement") if vary[k]] \
-        + ["dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half", "rms err"]
+        + ["dtype", "sizes (B)", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half (B)", "rms err (%)"]
     rows = []
     for r in ft.to_dict("records"):
         nh = r["n_half_nbytes"]
@@ -315,7 +319,7 @@ def fit_section(df) -> Section | None:
                        if vary[k]] + [
             text(r["dtype"]), f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
             fmt(r["alpha_us"], 3), fmt(r["bandwidth_gbps"], 3), fmt(r["busbw_asymptote_gbps"], 3),
-            fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}%"])
+            fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}"])
     note = ("t = alpha + S/B over each size sweep (relative least squares); n_half = alpha x B, the size reaching "
             f"half of B; sweeps of at least {MIN_FIT_SIZES} sizes (two parameters pass through any two points)")
     if thin:

@@ -187,3 +187,62 @@ def test_run_style_nccl_tests_measures_both_placements_on_one_line(tmp_path):
     from commbench import suite as suite_mod
 
     assert suite_mod.placements_of(suite_mod.build_config({"benchmarks": ["all_reduce"], "in_place": True})) == (True,)
+
+
+def test_a_size_column_has_one_format():
+    from commbench.viewkit import size_cells
+
+    assert size_cells([8, 1024, 4 << 20]) == ["8", "1K", "4M"]
+    # One size that no binary unit divides: the whole column in bytes, never "7154K" beside "15708000".
+    assert size_cells([7154 << 10, 15708000]) == ["7325696", "15708000"]
+
+
+def _compare_frame():
+    import pandas as pd
+
+    rows = []
+    for nbytes in (7154 << 10, 15708000):
+        rows.append({"benchmark": "all_reduce", "backend": "mpi", "world": 2, "nbytes": nbytes, "dtype": "float32",
+                     "variant": "default", "placement": "out-of-place", "params": "{}", "stage": "",
+                     "base_p50_us": 10.0, "new_p50_us": 10.0, "change_pct": 0.0, "verdict": "not significant",
+                     "caveat": False, "base_runs": 1, "new_runs": 1, "base_ci_lo": 9.0, "base_ci_hi": 11.0,
+                     "new_ci_lo": 9.0, "new_ci_hi": 11.0, "base_busbw_gbps": 1.0, "new_busbw_gbps": 1.0,
+                     "busbw_change_pct": 0.0, "change_lo_pct": float("nan"), "change_hi_pct": float("nan"),
+                     "base_run_p50s_us": "10", "new_run_p50s_us": "10", "only_in": ""})
+    return pd.DataFrame(rows)
+
+
+def test_compare_and_tables_name_units_and_keep_one_size_format():
+    import io
+
+    from rich.console import Console
+
+    from commbench.compare import print_compare
+
+    c = Console(file=io.StringIO(), width=240, color_system=None)
+    try:
+        print_compare(_compare_frame(), console=c, all_points=True, wide=True)
+    except KeyError as e:  # the frame's columns follow compare_runs; say which one this test lacks
+        raise AssertionError(f"compare frame lacks {e}") from None
+    out = c.file.getvalue()
+    assert "size (B)" in out and "7325696" in out and "7154K" not in out
+    assert "busbw base (GB/s)" in out
+
+
+def test_overlap_table_counts_buckets_as_integers_and_names_units():
+    import io
+
+    from rich.console import Console
+
+    from commbench.report import print_tables
+
+    row = {"benchmark": "overlap", "backend": "mpi", "device": "cpu", "world": 2, "nbytes": 1 << 20,
+           "dtype": "float32", "params": {"mode": "sequence", "buckets": 8}, "mode": "sequence", "buckets": 8.0,
+           "progress": "polls", "polls": 4, "time_us_p50": 10.0, "time_us_p99": 12.0, "t_comm_us": 5.0,
+           "t_compute_us": 6.0, "t_overall_us": 8.0, "overlap_osu_pct": 50.0, "check": "ok", "run": "r"}
+    c = Console(file=io.StringIO(), width=240, color_system=None)
+    print_tables([row], console=c, wide=True)
+    out = c.file.getvalue()
+    assert "sequence x8 " in out and "x8.0" not in out
+    for head in ("size (B)", "t_comm (us)", "t_overall (us)", "OSU (%)"):
+        assert head in out, head
