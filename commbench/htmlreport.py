@@ -357,6 +357,8 @@ def summary_section(sections: list[Section], first: list[Finding]) -> Section:
     # One block per topic (a benchmark's scaling line joins its peak and latency lines),
     # topics in the order the report's sections take; the topic named once per block.
     order = list(dict.fromkeys(f.topic for f in found))
+    # MoE, the workload the tool is for, right after the checks: on the report's first screen.
+    order.sort(key=lambda t: (t != "checks", t != "moe"))
     rows = []
     for topic in order:
         rows += [[topic if i == 0 else "", f.measure, f.value, f.verdict]

@@ -116,12 +116,15 @@ def _lower_hint(bench, name: str) -> str:
 
 def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:
     """--dry-run: the points, memory per rank and a rough time, without communicating."""
+    from .benchmarks import get
+
     print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
     print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")
     for r in plan_rows:
         p = r["point"]
         params = " ".join(f"{k}={v}" for k, v in p.params.items())
-        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes):>8s} {p.dtype:9s} "
+        sized = get(p.benchmark).sized  # moe has no size or dtype of its own: its params say its point
+        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes) if sized else '-':>8s} {p.dtype if sized else '-':9s} "
               f"{fmt_mem(r['mem_nbytes']):>10s} {r['est_s']:7.2f}s  {params}")
     total = sum(r["est_s"] for r in plan_rows)
     peak = max((r["mem_nbytes"] for r in plan_rows), default=0)

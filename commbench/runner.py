@@ -238,8 +238,9 @@ class Progress:
             self.bar.update(self.task, advance=self.weight.get(id(point), 1.0), description=desc,
                             points=f"{self.done}/{self.total}")
         else:
-            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us busbw {r['busbw_gbps']:.3f} GB/s"
-                             for r in rows)
+            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us " + (
+                f"{r['remote_gbps']:.3f} GB/s ours" if r.get("remote_gbps") is not None  # moe: the tables' rate
+                else f"busbw {r['busbw_gbps']:.3f} GB/s") for r in rows)
             print(f"[{self.done}/{self.total}] {desc}: {figs}; check {rows[0]['check']}", flush=True)
 
     def close(self):

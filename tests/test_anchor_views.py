@@ -246,3 +246,31 @@ def test_overlap_table_counts_buckets_as_integers_and_names_units():
     assert "sequence x8 " in out and "x8.0" not in out
     for head in ("size (B)", "t_comm (us)", "t_overall (us)", "OSU (%)"):
         assert head in out, head
+
+
+def test_moe_progress_line_gives_our_rate_not_busbw(monkeypatch, capsys):
+    from commbench.runner import Progress
+
+    monkeypatch.setenv("COMMBENCH_TTY", "0")
+    cfg, points = _points(MOE_SMALL, world=2)
+    pr = Progress(points, enabled=True, cfg=cfg)
+    rows = [{"stage": s, "time_us_p50": 480.0, "busbw_gbps": 3.9, "remote_gbps": 3.94, "check": "ok"}
+            for s in ("dispatch", "combine")]
+    pr.update(points[0], rows)
+    line = capsys.readouterr().out
+    assert "dispatch 480.00 us 3.940 GB/s ours" in line and "busbw" not in line and "float32" not in line
+
+
+def test_moe_summary_comes_first_beside_other_benchmarks(tmp_path):
+    from commbench.htmlreport import write_report
+
+    ar = {"schema": 3, "benchmark": "all_reduce", "backend": "mpi", "device": "cpu", "world": 2, "nbytes": 1024,
+          "dtype": "float32", "variant": "default", "placement": "out-of-place", "params": {}, "stage": "",
+          "time_us_p50": 5.0, "time_us_p99": 6.0, "algbw_gbps": 0.2, "busbw_gbps": 0.2, "check": "ok",
+          "point_key": "ar"}
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [ar] + STAGED))
+    md = write_report([run], tmp_path / "out")["markdown"].read_text()
+    summary = md[md.index("## Summary"):]
+    assert summary.index("| moe |") < summary.index("| all_reduce |")
