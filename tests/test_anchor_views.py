@@ -274,3 +274,22 @@ def test_moe_summary_comes_first_beside_other_benchmarks(tmp_path):
     md = write_report([run], tmp_path / "out")["markdown"].read_text()
     summary = md[md.index("## Summary"):]
     assert summary.index("| moe |") < summary.index("| all_reduce |")
+
+
+def test_style_and_placement_flags_refuse_bad_input_in_one_line(capsys):
+    from commbench.cli import main
+
+    assert main(["report", "nowhere", "--style", "imb"]) == 2
+    assert main(["run", "quick", "--np", "2", "--in-place", "--placement", "both", "--dry-run"]) == 2
+    err = capsys.readouterr()
+    text_ = err.out + err.err
+    assert "placement = both disagree" in text_ and "Traceback" not in text_
+
+
+def test_deciding_share_never_passes_the_whole_step():
+    from commbench.benchmarks.moe_view import deciding
+
+    # Medians of the sub-stages can add up to more than the step's p50: the share is of their sum then.
+    r = _staged("rank", "combine", 62388.0, {"pack": 2000.0, "a2a": 33000.0, "reduce": 31000.0})
+    names, share = deciding(r)
+    assert names == ["a2a", "reduce"] and 90 < share <= 100

@@ -58,14 +58,16 @@ def stage_times(r: dict) -> list[tuple[str, float]]:
 
 def deciding(r: dict) -> tuple[list[str], float] | None:
     """The sub-stage(s) that decide a row's time: the longest, with any other within
-    CLOSE_RATIO of it; and their share of the row's p50 in per cent. None without stages."""
+    CLOSE_RATIO of it; and their share of the step in per cent: of p50, or of the
+    sub-stages' sum where their medians add up to more than p50 (never over 100 %). None
+    without stages."""
     st = [(k, v) for k, v in stage_times(r) if v > 0]
     p50 = float(r.get("time_us_p50") or 0)
     if not st or p50 <= 0:
         return None
     top = max(v for _, v in st)
     names = [k for k, v in sorted(st, key=lambda kv: -kv[1]) if v * CLOSE_RATIO >= top]
-    return names, 100.0 * sum(v for k, v in st if k in names) / p50
+    return names, 100.0 * sum(v for k, v in st if k in names) / max(p50, sum(v for _, v in st))
 
 
 def decided_cell(r: dict) -> str:
@@ -90,7 +92,7 @@ def _in_words(names: list[str]) -> str:
 
 def judge_stages(rs: list[dict]) -> str:
     """The verdict of one stage (dispatch or combine) over its points: which sub-stage
-    decides, its share of p50, and, where the exchange decides, how near the link it is.
+    decides, its share of the step (deciding()), and, where the exchange decides, how near the link it is.
     Rests on the per-stage p50s of the slowest rank; stages within CLOSE_RATIO are named
     together, since a shared host moves them by that much."""
     dec = [(r, deciding(r)) for r in rs]
@@ -102,8 +104,11 @@ def judge_stages(rs: list[dict]) -> str:
     shares = [d[1] for _, d in dec]
     share = f"{min(shares):.0f}%" if len(shares) == 1 or round(min(shares)) == round(max(shares)) else \
         f"{min(shares):.0f}-{max(shares):.0f}%"
-    out = f"{_in_words(names)} decides: {share} of p50 (per-stage p50s, slowest rank)"
-    if all(n.startswith("a2a") for n in names):
+    words = _in_words(names)
+    out = f"{words} {'decide' if ' and ' in words else 'decides'}: {share} of the step (per-stage p50s, slowest rank)"
+    if any(n.startswith("a2a") for n in names) and not all(n.startswith("a2a") for n in names):
+        out += "; the exchange and work outside it both set the time"
+    elif all(n.startswith("a2a") for n in names):
         pcts = [float(r["pct_of_ceiling"]) for r, _ in dec if has(r.get("pct_of_ceiling"))]
         if pcts:
             out += f"; the step runs at {fmt(max(pcts), 1)}% of the link's line rate at best"
@@ -129,7 +134,8 @@ def ordered(rows: list[dict]) -> list[dict]:
 GBPS_NOTE = ("ours GB/s = the most loaded rank's bytes to other ranks / slowest-rank p50; DeepEP GB/s = rows "
              "received incl. the rank's own (DeepEP's tests' count) / the same p50; scale-up (NVLink) and "
              "scale-out (RDMA) GB/s: the most loaded rank's bytes on each tier / p50; tokens/s = tokens per rank / "
-             "p50; decided by = the longest sub-stage(s) and their share of p50; load = max/mean rows received "
+             "p50; decided by = the longest sub-stage(s) and their share of the step (of p50, or of the sub-stages' "
+             "sum where their medians add up to more); load = max/mean rows received "
              "(hottest rank); GB = 1e9 B")
 
 
