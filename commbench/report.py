@@ -35,13 +35,9 @@ _STYLE = "table"
 
 def set_style(style: str | None) -> None:
     global _STYLE
+    if (style or "table") not in STYLES:
+        raise ValueError(f"unknown style {style!r}")
     _STYLE = style or "table"
-
-
-def styled_rows(rows) -> bool:
-    """Print rows in the chosen non-table style (sized collectives only); True when
-    that style is on. Rows of other benchmarks keep their own tables."""
-    return _STYLE in STYLES[1:]
 
 
 def _console():
@@ -67,7 +63,8 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     styled = []
     for bench, rs in by_bench.items():
         b = for_rows(bench)
-        if styled_rows(rs) and b.collective_rows and b.sized:
+        # Another tool's layout for the sized collectives; moe, overlap, barrier keep their own.
+        if _STYLE != "table" and b.collective_rows and b.sized:
             styled += rs
             continue
         own = b.tables(rs, plain)
