@@ -124,7 +124,8 @@ def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:
         p = r["point"]
         params = " ".join(f"{k}={v}" for k, v in p.params.items())
         sized = get(p.benchmark).sized  # moe has no size or dtype of its own: its params say its point
-        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes) if sized else '-':>8s} {p.dtype if sized else '-':9s} "
+        size, dtype = (fmt_size(p.nbytes), p.dtype) if sized else ("-", "-")
+        print(f"{p.benchmark:16s} {p.world:5d} {size:>8s} {dtype:9s} "
               f"{fmt_mem(r['mem_nbytes']):>10s} {r['est_s']:7.2f}s  {params}")
     total = sum(r["est_s"] for r in plan_rows)
     peak = max((r["mem_nbytes"] for r in plan_rows), default=0)

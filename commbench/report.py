@@ -115,7 +115,8 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
             ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
             ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
             ("stage", True, ALWAYS, show_stage), ("size (B)", False, ALWAYS, sized),
-            ("iters", False, WIDE, True), ("p50 (us)", False, ALWAYS, True), ("p99 (us)", False, COMPACT, True),
+            ("iters", False, WIDE, True), ("min (us)", False, WIDE, True), ("p50 (us)", False, ALWAYS, True),
+            ("p99 (us)", False, COMPACT, True), ("max (us)", False, WIDE, True),
             ("host (us/op)", False, COMPACT, show_host), ("algbw (GB/s)", False, COMPACT, sized),
             ("busbw (GB/s)", False, ALWAYS, sized), ("bound (us)", False, WIDE, show_ceiling),
             ("ceiling (GB/s)", False, WIDE, show_ceiling and sized), ("% line", False, COMPACT, show_ceiling and sized),
@@ -130,6 +131,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
                 "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
                 "size (B)": size, "iters": text(r.get("iters")),
                 "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": f"{r['time_us_p99']:.2f}",
+                "min (us)": _num(r.get("time_us_min"), 2), "max (us)": _num(r.get("time_us_max"), 2),
                 "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
                 "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
                 "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
@@ -394,8 +396,8 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                     "title": f"{bench} world {world} {k.get('dtype', '')}{(' ' + where) if where else ''}: "
                              f"variants side by side (baseline {base})",
                     "caption": "wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw "
-                               "otherwise; % line = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 "
-                               "over the baseline",
+                               "otherwise; % line = wire or busbw of the scale-up ceiling's line rate; x = speedup of "
+                               "p50 over the baseline",
                     "benchmark": bench, "world": int(world), "baseline": base, "columns": cols, "rows": rows,
                     "lines": lines, "verdicts": verdicts})
     return out

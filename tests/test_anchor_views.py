@@ -293,3 +293,19 @@ def test_deciding_share_never_passes_the_whole_step():
     r = _staged("rank", "combine", 62388.0, {"pack": 2000.0, "a2a": 33000.0, "reduce": 31000.0})
     names, share = deciding(r)
     assert names == ["a2a", "reduce"] and 90 < share <= 100
+
+
+def test_wide_collective_table_shows_min_and_max():
+    import io
+
+    from rich.console import Console
+
+    from commbench.report import print_tables
+
+    r = {"benchmark": "all_reduce", "backend": "mpi", "device": "cpu", "world": 2, "nbytes": 1024,
+         "dtype": "float32", "placement": "out-of-place", "params": {}, "time_us_p50": 5.0, "time_us_p99": 7.0,
+         "time_us_min": 4.25, "time_us_max": 31.5, "algbw_gbps": 0.2, "busbw_gbps": 0.2, "check": "ok", "iters": 9}
+    c = Console(file=io.StringIO(), width=240, color_system=None)
+    print_tables([r], console=c, wide=True)
+    out = c.file.getvalue()
+    assert "min (us)" in out and "max (us)" in out and "4.25" in out and "31.50" in out

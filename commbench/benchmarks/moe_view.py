@@ -92,8 +92,8 @@ def _in_words(names: list[str]) -> str:
 
 def judge_stages(rs: list[dict]) -> str:
     """The verdict of one stage (dispatch or combine) over its points: which sub-stage
-    decides, its share of the step (deciding()), and, where the exchange decides, how near the link it is.
-    Rests on the per-stage p50s of the slowest rank; stages within CLOSE_RATIO are named
+    decides, its share of the step (deciding()), and, where the exchange decides, how
+    near the link it is. Rests on the per-stage p50s of the slowest rank; stages within CLOSE_RATIO are named
     together, since a shared host moves them by that much."""
     dec = [(r, deciding(r)) for r in rs]
     dec = [(r, d) for r, d in dec if d is not None]

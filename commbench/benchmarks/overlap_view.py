@@ -32,8 +32,8 @@ def terminal_table(rows: list[dict], plain: bool):
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("size (B)", False, ALWAYS, True),
             ("mode", True, ALWAYS, True), ("polls/progress", True, COMPACT, True), ("gemm (n)", False, WIDE, True),
             ("t_comm (us)", False, ALWAYS, True), ("t_compute (us)", False, ALWAYS, True),
-            ("t_overall (us)", False, ALWAYS, True), ("OSU (%)", False, ALWAYS, True), ("IMB (%)", False, COMPACT, True),
-            ("slowdown (x)", False, COMPACT, True),
+            ("t_overall (us)", False, ALWAYS, True), ("OSU (%)", False, ALWAYS, True),
+            ("IMB (%)", False, COMPACT, True), ("slowdown (x)", False, COMPACT, True),
             ("exposed (us)", False, COMPACT, True), ("GFLOP/s alone", False, WIDE, True),
             ("GFLOP/s overl.", False, WIDE, True), ("check", True, ALWAYS, True), ("warning", True, ALWAYS, warn)]
     cols = [c for c in cols if c[3]]
