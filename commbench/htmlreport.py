@@ -389,7 +389,9 @@ def _html_table(headers, rows, cls: str = "") -> str:
     h = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers)
     body = "".join("<tr>" + "".join(f"<td{' class=n' if num[i] else ''}>{html.escape(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>\n" for r in rows)
-    return f"<table{' class=' + cls if cls else ''}>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>\n"
+    # A table wider than the page scrolls on its own; the page (and its summary) does not.
+    return (f"<div class=scroll><table{' class=' + cls if cls else ''}>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}"
+            f"</tbody>\n</table></div>\n")
 
 
 def _numeric(s) -> bool:
@@ -410,7 +412,7 @@ th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tbody tr:nth-child(even){background:#fafafa}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
-.note{color:#555;font-size:.9em}ul.runs{font-size:.9em;color:#333;padding-left:1.2em}
+.note{color:#555;font-size:.9em}div.scroll{overflow-x:auto}ul.runs{font-size:.9em;color:#333;padding-left:1.2em}
 details{margin:.4em 0 1em}details>summary{cursor:pointer;color:#245;font-size:.9em}
 table.summary{font-size:.92em}table.summary td:first-child{font-weight:600;white-space:nowrap}
 table.summary td:nth-child(2){white-space:nowrap}
