@@ -26,7 +26,7 @@ def describe(point) -> str:
     """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
     what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
             f"{fmt_size(point.nbytes)} {point.dtype}")
-    return f"{point.benchmark} {what} world {point.world}"
+    return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"
 
 
 def describe_row(row: dict) -> str:

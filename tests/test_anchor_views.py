@@ -309,3 +309,22 @@ def test_wide_collective_table_shows_min_and_max():
     print_tables([r], console=c, wide=True)
     out = c.file.getvalue()
     assert "min (us)" in out and "max (us)" in out and "4.25" in out and "31.50" in out
+
+
+def test_both_placements_on_a_backend_with_one_measure_it_once(tmp_path):
+    import subprocess
+    import sys
+
+    from commbench.runner import describe
+
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "commbench", "run", "-b", "all_reduce", "--sizes", "64", "--np", "2",
+                        "--backend", "gloo", "--iters", "3", "--warmup", "1", "--placement", "both", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    df = commbench.load(out)
+    # torch.distributed's all_reduce works in place only: one point, said as such, not two of one key.
+    assert list(df["placement"]) == ["in-place"]
+    cfg, points = _points({"benchmarks": ["all_reduce"], "sizes": ["64"], "placement": "both"})
+    assert sorted(describe(pt) for pt in points) == ["all_reduce 64 float32 in-place world 2",
+                                                     "all_reduce 64 float32 world 2"]
