@@ -9,6 +9,9 @@ EXTRAS ?= mpi,mpi-wheel,plot,test,jax
 NP ?= 4
 BACKEND ?=
 ARGS ?=
+# STYLE=nccl-tests or STYLE=osu: the tables in that tool's layout (run --style; nccl-tests
+# measures both placements).
+STYLE ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
@@ -25,26 +28,26 @@ $(VENV)/.installed: pyproject.toml
 # Standard suites: on the loopback they start $(NP) local ranks; under mpirun/srun/torchrun
 # (e.g. `srun make collectives NP=`) they join the launch instead.
 quick: install
-	$(PY) -m commbench run quick $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run quick $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 collectives: install
-	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 # MoE suites, full DeepSeek-V3 shape (`make moe`: about 65 s on a quiet 2-core loopback, nearly
 # 3 minutes while other jobs share its cores).
 # MOE_TOKENS scales the tokens per rank down for a slower host.
 MOE_TOKENS ?=
 moe: install
-	$(PY) -m commbench run moe $(if $(NP),--np $(NP)) $(if $(MOE_TOKENS),--param moe.tokens=$(MOE_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run moe $(if $(NP),--np $(NP)) $(if $(MOE_TOKENS),--param moe.tokens=$(MOE_TOKENS)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 moe-skew: install
-	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 # Decode runs DeepEP's low-latency mode, which is the device path's (gloo on CPU tensors,
 # nccl on GPUs); mpi's host path has the normal mode only.
 DECODE_BACKEND ?= $(shell test -n "$$(ls /proc/driver/nvidia/gpus 2>/dev/null)" && echo nccl || echo gloo)
 moe-decode: install
-	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --backend $(or $(BACKEND),$(DECODE_BACKEND)) $(ARGS)
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --backend $(or $(BACKEND),$(DECODE_BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 # All-reduce overlapped with a matmul (commbench/suites/overlap.toml: about 1 minute on a quiet 2-core
 # loopback, 3-4 minutes while other jobs share its cores, and then read the rows' warnings).
@@ -52,11 +55,11 @@ moe-decode: install
 # than cores measures the scheduler, not the overlap. `make overlap BACKEND=gloo` for gloo.
 overlap: NP = 2
 overlap: install
-	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 # Weak scaling over every rank count the launch allows, with the efficiency table.
 scaling: install
-	$(PY) -m commbench run scaling $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run scaling $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
 # In-switch reductions and algorithm variants against ring. On the loopback, `run --np`
 # launches each variant itself; under a cluster launcher (`srun make inswitch NP=`) each rank
@@ -65,10 +68,10 @@ INSWITCH_OUT ?= results/inswitch-$(or $(SLURM_JOB_ID),$(shell date +%Y%m%d-%H%M)
 inswitch: install
 ifeq ($(NP),)
 	for v in $$($(PY) -m commbench run inswitch --list-variants); do \
-	  $(PY) -m commbench run inswitch --variant $$v --out $(INSWITCH_OUT) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS) || exit $$?; done
-	$(PY) -m commbench report $(INSWITCH_OUT)
+	  $(PY) -m commbench run inswitch --variant $$v --out $(INSWITCH_OUT) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS) || exit $$?; done
+	$(PY) -m commbench report $(INSWITCH_OUT) $(if $(STYLE),--style $(STYLE))
 else
-	$(PY) -m commbench run inswitch --np $(NP) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m commbench run inswitch --np $(NP) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 endif
 
 ceilings: install

@@ -7,8 +7,13 @@ import sys
 
 from .backends import BACKENDS
 from commbench.core.errors import RunFailed, UsageError
+from commbench.report.styles import STYLES
 from commbench.run.resume import print_resume_plan, resume_conflicts, sweep_differences
 from commbench.run.suite import TIMING_METHODS, key_help
+
+_STYLE_HELP = ("table: commbench's tables; nccl-tests: one line per size, out-of-place and in-place side by side, "
+               "and the Avg bus bandwidth footer; osu: size, avg, min, max latency and iterations (the same rows: "
+               "only the layout changes)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=_kh("check"))
     r.add_argument("--timing", choices=TIMING_METHODS, help=_kh("timing"))
     r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=_kh("cuda_graph"))
-    r.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=None, help=_kh("in_place"))
+    r.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=None,
+                   help=_kh("in_place") + "; shorthand for --placement in-place")
+    r.add_argument("--placement", choices=("out-of-place", "in-place", "both"), help=_kh("placement"))
     r.add_argument("--per-op-events", action=argparse.BooleanOptionalAction, default=None,
                    help=_kh("per_op_events"))
     r.add_argument("--cuda-aware-mpi", action="store_true",
@@ -84,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list the points, memory per rank and a rough time, without communicating")
     r.add_argument("--wide", action="store_true", help="tables with every column (default: a compact set that "
                    "fits the terminal; the caption names what it leaves out)")
+    r.add_argument("--style", choices=STYLES, default="table", help=_STYLE_HELP + "; nccl-tests measures both "
+                   "placements unless --placement or --in-place says otherwise")
     _profile_args(r)
 
     sub.add_parser("list", help="benchmarks, backends (and whether they work here), suites")
@@ -96,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "DIR/figures/*.png (figures need matplotlib: pip install 'commbench[plot]')")
     rep.add_argument("--wide", action="store_true", help="tables with every column, the scaling table at every "
                      "size (default: a compact set that fits the terminal)")
+    rep.add_argument("--style", choices=STYLES, default="table", help=_STYLE_HELP)
     _profile_args(rep)
 
     cmp_ = sub.add_parser(
@@ -282,6 +292,9 @@ def cmd_run(args, argv: list[str]) -> int:
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
                  if f.name not in ("name", "sizes", "params") and hasattr(args, f.name)}
+    if args.style == "nccl-tests" and args.placement is None and args.in_place is None \
+            and not {"placement", "in_place"} & set(raw):
+        overrides["placement"] = "both"  # nccl-tests' two columns, unless told otherwise
     if args.sizes is not None and not args.sizes.strip():
         raise UsageError("--sizes is empty: give MIN:MAX[:FACTOR] or A,B,C")
     overrides["sizes"] = parse_sizes_arg(args.sizes) if args.sizes else None
@@ -571,6 +584,10 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.report.terminal import set_wide
 
             set_wide(True)
+        if getattr(args, "style", None):
+            from commbench.report.terminal import set_style
+
+            set_style(args.style)
         if args.cmd == "run":
             return cmd_run(args, argv)
         if args.cmd == "list":

@@ -92,7 +92,7 @@ def test_compact_by_default_every_column_with_wide():
     wide = _headers_of(_render(print_tables, rows, 120, wide=True))
     for col in ("iters", "bound (us)", "ceiling (GB/s)", "% achieved"):
         assert col not in compact.split("not shown:")[0] and col in wide
-    assert "not shown: iters, bound (us), ceiling (GB/s), % achieved (--wide shows them)" in compact
+    assert "not shown: iters, min (us), max (us), bound (us), ceiling (GB/s), % achieved (--wide shows them)" in compact
     for col in ("world", "size (B)", "p50 (us)", "busbw (GB/s)", "% line", "check"):
         assert col in compact
     assert "dtype float32" in compact  # a dtype that never changes is said once, in the caption

@@ -67,13 +67,15 @@ class Point:
     dtype: str
     nbytes: int
     params: dict = field(default_factory=dict)
+    in_place: bool = False  # nccl-tests' in-place column, where the benchmark has the choice
 
     @property
     def elem_nbytes(self) -> int:
         return DTYPE_NBYTES[self.dtype]
 
     def key(self) -> tuple:
-        return (self.benchmark, self.world, self.dtype, self.nbytes, tuple(sorted(self.params.items())))
+        return (self.benchmark, self.world, self.dtype, self.nbytes, tuple(sorted(self.params.items())),
+                self.in_place)
 
 
 class Benchmark:
@@ -134,6 +136,10 @@ class Benchmark:
     def check(self, comm, bufs) -> bool:
         """After fill + one op: does this rank hold exactly the expected result?"""
         return True
+
+    # Can the run choose the placement (suite key placement: out-of-place, in-place, both)?
+    # Only then is placement a sweep axis of this benchmark's points.
+    placement_axis = False
 
     def placement(self, comm, point: Point) -> str | None:
         """in-place or out-of-place, as nccl-tests' two columns (None: not a collective with

@@ -72,6 +72,7 @@ class AllReduce(_Collective):
     name = "all_reduce"
     formula = "busbw = algbw x 2(n-1)/n"
     reduce = True
+    placement_axis = True  # MPI_IN_PLACE, or a send and a receive buffer
 
     def setup(self, comm, point):
         c = point.nbytes // point.elem_nbytes
@@ -80,7 +81,7 @@ class AllReduce(_Collective):
     def placement(self, comm, point):
         """Out of place where the backend can (MPI; NCCL through cupy), unless the run asks
         for the in-place column; torch.distributed's all_reduce works in place only."""
-        if comm.in_place or not comm.out_of_place_all_reduce(point.dtype):
+        if point.in_place or comm.in_place or not comm.out_of_place_all_reduce(point.dtype):
             return "in-place"
         return "out-of-place"
 

@@ -14,7 +14,7 @@ from commbench.analyse.compare import (ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, 
 from commbench.core.errors import UsageError
 from commbench.core.units import fmt_size
 from commbench.report import terminal
-from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, table
+from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, size_cells, table
 
 
 def _params_text(key: str) -> str:
@@ -71,7 +71,7 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     for h in ["benchmark"] + [c for c in ("backend",) if cols_opt[c]]:
         add_column(t, h, left=True)
     add_column(t, "world")
-    add_column(t, "size")
+    add_column(t, "size (B)")
     for c in opt:
         if cols_opt[c]:
             add_column(t, c, left=True, wrap=c == "params")
@@ -82,8 +82,8 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
         add_column(t, "95% interval")
         add_column(t, "base runs (us)", level=COMPACT)
         add_column(t, "new runs (us)", level=COMPACT)
-    add_column(t, "busbw base", level=WIDE)
-    add_column(t, "busbw new", level=WIDE)
+    add_column(t, "busbw base (GB/s)", level=WIDE)
+    add_column(t, "busbw new (GB/s)", level=WIDE)
     add_column(t, "busbw change", level=COMPACT)
     add_column(t, "verdict", left=True, level=ALWAYS, wrap=True)
     pm_sign = "+-" if plain else "\u00b1"
@@ -99,11 +99,13 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
         v = [float(x) for x in str(run_p50s).split(";") if x]
         return f"{min(v):.2f}..{max(v):.2f}" if runs > 1 and v else "-"
 
-    for r in shown.to_dict("records"):
+    records = shown.to_dict("records")
+    sizes = size_cells([r["nbytes"] for r in records])  # one format down the column
+    for r, size in zip(records, sizes):
         style = {"slower": "red", "faster": "green"}.get(r["verdict"])
         verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
-            [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
+            [str(r["world"]), size] + \
             [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \
             [p50_cell(r["base_p50_us"], r["base_ci_lo"], r["base_ci_hi"], r["base_runs"]),
              p50_cell(r["new_p50_us"], r["new_ci_lo"], r["new_ci_hi"], r["new_runs"]),

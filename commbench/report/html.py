@@ -15,7 +15,7 @@ from commbench.report import views as view_hooks
 from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
 from commbench.store.results import params_dict
 from commbench.core.units import fmt_size
-from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
+from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text
 from commbench.core.errors import UsageError
 from commbench.report import plots
 from commbench.report.terminal import rejudge_rows, skipped_variants, variant_comparisons
@@ -146,14 +146,15 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: di
     vary = {c: c in g.columns and g[c].map(text).nunique() > 1 for c in keys}
     ceil = "pct_of_ceiling" in g.columns and g["pct_of_ceiling"].astype(float).notna().any()
     heads = (["run"] if multi_run else []) + ["world"] + [c for c in keys if vary[c]] + \
-        ["size", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
+        ["size (B)", "p50 (us)", "p99 (us)", "algbw (GB/s)", "busbw (GB/s)"] + \
         (["ceiling (GB/s)", "% of ceiling"] if ceil else []) + ["check"]
     rows = []
     sort = [c for c in ("run", "world", "variant", "placement", "dtype", "stage", "nbytes") if c in g.columns]
-    for r in g.sort_values(sort).to_dict("records"):
+    records = g.sort_values(sort).to_dict("records")
+    for r, size in zip(records, size_cells(int(r["nbytes"]) for r in records)):
         cells = ([text(r["run"])] if multi_run else []) + [str(r["world"])]
         cells += [(b.describe(r.get("params") or {}) if c == "params" else text(r.get(c))) for c in keys if vary[c]]
-        cells += [fmt_size(int(r["nbytes"])), fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
+        cells += [size, fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
                   fmt(r["busbw_gbps"], 3)]
         if ceil:
             cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
@@ -262,15 +263,17 @@ def scaling_section(df, figures: dict) -> Section | None:
     vary = {k: _varies(sc, k) for k in ("variant", "placement", "dtype")}
     show_params = any(not views[r["benchmark"]].sized or params_dict(r["params"]) for r in rs)
     heads = (["run"] if multi_run else []) + ["benchmark"] + [k for k in ("variant", "placement", "dtype") if vary[k]] \
-        + (["params"] if show_params else []) + ["stage", "size", "world", "metric", "value", "efficiency"]
+        + (["params"] if show_params else []) + ["stage", "size (B)", "world", "metric", "value (metric's unit)",
+                                                  "efficiency (%)"]
     rows = []
+    sized_cells = iter(size_cells(int(r["nbytes"]) for r in rs if views[r["benchmark"]].sized))
     for r in rs:
         b = views[r["benchmark"]]
         rows.append(([text(r["run"])] if multi_run else []) + [r["benchmark"]]
                     + [text(r.get(k)) for k in ("variant", "placement", "dtype") if vary[k]]
                     + ([b.describe(params_dict(r["params"]))] if show_params else [])
-                    + [text(r.get("stage")), fmt_size(int(r["nbytes"])) if b.sized else "", str(r["world"]),
-                       METRIC_NAMES.get(r["metric"], r["metric"]), num(r["value"]), f"{r['efficiency_pct']:.1f}%"])
+                    + [text(r.get("stage")), next(sized_cells) if b.sized else "", str(r["world"]),
+                       METRIC_NAMES.get(r["metric"], r["metric"]), num(r["value"]), f"{r['efficiency_pct']:.1f}"])
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
                    "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
@@ -312,7 +315,7 @@ def fit_section(df) -> Section | None:
     multi_run = "run" in ft.columns and ft["run"].nunique() > 1
     vary = {k: _varies(ft, k) for k in ("variant", "placement")}
     heads = (["run"] if multi_run else []) + ["benchmark", "world"] + [k for k in ("variant", "placement") if vary[k]] \
-        + ["dtype", "sizes", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half", "rms err"]
+        + ["dtype", "sizes (B)", "alpha (us)", "B (GB/s)", "busbw asym (GB/s)", "n_half (B)", "rms err (%)"]
     rows = []
     for r in ft.to_dict("records"):
         nh = r["n_half_nbytes"]
@@ -321,7 +324,7 @@ def fit_section(df) -> Section | None:
                        if vary[k]] + [
             text(r["dtype"]), f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
             fmt(r["alpha_us"], 3), fmt(r["bandwidth_gbps"], 3), fmt(r["busbw_asymptote_gbps"], 3),
-            fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}%"])
+            fmt_size(int(nh)) if has(nh) and math.isfinite(float(nh)) else "-", f"{r['rms_rel_err_pct']:.1f}"])
     note = ("t = alpha + S/B over each size sweep (relative least squares); n_half = alpha x B, the size reaching "
             f"half of B; sweeps of at least {MIN_FIT_SIZES} sizes (two parameters pass through any two points)")
     if thin:
@@ -360,6 +363,8 @@ def summary_section(sections: list[Section], first: list[Finding]) -> Section:
     # One block per topic (a benchmark's scaling line joins its peak and latency lines),
     # topics in the order the report's sections take; the topic named once per block.
     order = list(dict.fromkeys(f.topic for f in found))
+    # MoE, the workload the tool is for, right after the checks: on the report's first screen.
+    order.sort(key=lambda t: (t != "checks", t != "moe"))
     rows = []
     for topic in order:
         rows += [[topic if i == 0 else "", f.measure, f.value, f.verdict]
@@ -390,7 +395,9 @@ def _html_table(headers, rows, cls: str = "") -> str:
     h = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers)
     body = "".join("<tr>" + "".join(f"<td{' class=n' if num[i] else ''}>{html.escape(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>\n" for r in rows)
-    return f"<table{' class=' + cls if cls else ''}>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>\n"
+    # A table wider than the page scrolls on its own; the page (and its summary) does not.
+    return (f"<div class=scroll><table{' class=' + cls if cls else ''}>\n<thead><tr>{h}</tr></thead>\n<tbody>\n{body}"
+            f"</tbody>\n</table></div>\n")
 
 
 def _numeric(s) -> bool:
@@ -411,7 +418,7 @@ th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tbody tr:nth-child(even){background:#fafafa}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
-.note{color:#555;font-size:.9em}ul.runs{font-size:.9em;color:#333;padding-left:1.2em}
+.note{color:#555;font-size:.9em}div.scroll{overflow-x:auto}ul.runs{font-size:.9em;color:#333;padding-left:1.2em}
 details{margin:.4em 0 1em}details>summary{cursor:pointer;color:#245;font-size:.9em}
 table.summary{font-size:.92em}table.summary td:first-child{font-weight:600;white-space:nowrap}
 table.summary td:nth-child(2){white-space:nowrap}

@@ -14,6 +14,82 @@ from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (
 from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
 
 
+# Sub-stages in the order a step runs them (every path's names: host, device, hierarchical,
+# low-latency); the exchange itself is every stage named a2a*.
+STAGE_ORDER = ("layout", "counts", "sync", "pack", "a2a", "a2a_out", "forward", "a2a_in", "unpack", "reduce")
+# Two stages whose times are this close (ratio) share the decision: p50s of one run move by
+# more than that on a shared host.
+CLOSE_RATIO = 1.25
+
+
+def stage_times(r: dict) -> list[tuple[str, float]]:
+    """[(sub-stage, p50 us of the slowest rank)] of one row, in STAGE_ORDER."""
+    got = {k[len("stage_us_"):]: float(v) for k, v in r.items() if k.startswith("stage_us_") and has(v)
+           and math.isfinite(float(v))}
+    return sorted(got.items(), key=lambda kv: (STAGE_ORDER.index(kv[0]) if kv[0] in STAGE_ORDER else 99, kv[0]))
+
+
+def deciding(r: dict) -> tuple[list[str], float] | None:
+    """The sub-stage(s) that decide a row's time: the longest, with any other within
+    CLOSE_RATIO of it; and their share of the step in per cent: of p50, or of the
+    sub-stages' sum where their medians add up to more than p50 (never over 100 %). None
+    without stages."""
+    st = [(k, v) for k, v in stage_times(r) if v > 0]
+    p50 = float(r.get("time_us_p50") or 0)
+    if not st or p50 <= 0:
+        return None
+    top = max(v for _, v in st)
+    names = [k for k, v in sorted(st, key=lambda kv: -kv[1]) if v * CLOSE_RATIO >= top]
+    return names, 100.0 * sum(v for k, v in st if k in names) / max(p50, sum(v for _, v in st))
+
+
+def decided_cell(r: dict) -> str:
+    """"a2a 63%", "reduce+a2a 92%": a table cell naming what decides a row."""
+    d = deciding(r)
+    return f"{'+'.join(d[0])} {d[1]:.0f}%" if d else "-"
+
+
+def tokens_per_s(r: dict) -> float:
+    """Tokens per second per rank: the rank's tokens over the step's p50."""
+    t, p50 = (r.get("params") or {}).get("tokens"), float(r.get("time_us_p50") or 0)
+    return float(t) / (p50 * 1e-6) if has(t) and p50 > 0 else math.nan
+
+
+def _in_words(names: list[str]) -> str:
+    ex = [n for n in names if n.startswith("a2a")]
+    other = [n for n in names if not n.startswith("a2a")]
+    parts = ([f"the exchange ({'+'.join(ex)})"] if ex else []) + \
+        ([f"{'+'.join(other)} outside the exchange"] if other else [])
+    return " and ".join(parts)
+
+
+def judge_stages(rs: list[dict]) -> str:
+    """The verdict of one stage (dispatch or combine) over its points: which sub-stage
+    decides, its share of the step (deciding()), and, where the exchange decides, how
+    near the link it is. Rests on the per-stage p50s of the slowest rank; stages within CLOSE_RATIO are named
+    together, since a shared host moves them by that much."""
+    dec = [(r, deciding(r)) for r in rs]
+    dec = [(r, d) for r, d in dec if d is not None]
+    if not dec:
+        pcts = [r.get("pct_of_ceiling") for r in rs if has(r.get("pct_of_ceiling"))]
+        return judge_ceiling(max(pcts) if pcts else None) + " (no per-stage times in the rows)"
+    names = list(dict.fromkeys(n for _, d in dec for n in d[0]))
+    shares = [d[1] for _, d in dec]
+    share = f"{min(shares):.0f}%" if len(shares) == 1 or round(min(shares)) == round(max(shares)) else \
+        f"{min(shares):.0f}-{max(shares):.0f}%"
+    words = _in_words(names)
+    out = f"{words} {'decide' if ' and ' in words else 'decides'}: {share} of the step (per-stage p50s, slowest rank)"
+    if any(n.startswith("a2a") for n in names) and not all(n.startswith("a2a") for n in names):
+        out += "; the exchange and work outside it both set the time"
+    elif all(n.startswith("a2a") for n in names):
+        pcts = [float(r["pct_of_ceiling"]) for r, _ in dec if has(r.get("pct_of_ceiling"))]
+        if pcts:
+            out += f"; the step runs at {fmt(max(pcts), 1)}% of the link's line rate at best"
+    else:
+        out += "; work outside the exchange, not the link, sets the time"
+    return out
+
+
 def ordered(rows: list[dict]) -> list[dict]:
     """Rows by run, world, then the shape in the benchmark's declared param order (routing,
     then its skew by value: zipf 0.0, 0.5, 1.0 ...), dispatch before combine."""
@@ -25,41 +101,55 @@ def ordered(rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 # tables
 
+# What both GB/s columns divide, said under every MoE table.
+GBPS_NOTE = ("ours GB/s = the most loaded rank's bytes to other ranks / slowest-rank p50; DeepEP GB/s = rows "
+             "received incl. the rank's own (DeepEP's tests' count) / the same p50; scale-up (NVLink) and "
+             "scale-out (RDMA) GB/s: the most loaded rank's bytes on each tier / p50; tokens/s = tokens per rank / "
+             "p50; decided by = the longest sub-stage(s) and their share of the step (of p50, or of the sub-stages' "
+             "sum where their medians add up to more); load = max/mean rows received "
+             "(hottest rank); GB = 1e9 B")
+
+
 def terminal_table(rs: list[dict], plain: bool):
-    """Dispatch and combine side by side with the three byte counts and the stages."""
+    """Dispatch and combine side by side: time, both GB/s, the per-tier split, tokens/s,
+    the sub-stage that decides, the load."""
     t = table(f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]",
-              "GB/s = the most loaded rank's bytes / slowest-rank p50. logical: rows received incl. "
-              "from itself (DeepEP); remote: from other ranks; up/out: from the same / other nodes. "
-              "load = max/mean rows received (hottest rank). stages: p50 us, slowest rank. "
-              "% line: per-tier time bound at the profile's line rate / p50", plain)
+              GBPS_NOTE + "; stages (us): p50 of each sub-stage, slowest rank; % line: per-tier time bound at the "
+              "profile's line rate / p50", plain)
     rs = ordered(rs)
     show_run = len({r.get("run") for r in rs}) > 1
     vary = [k for k in varying_params(r.get("params") for r in rs) if k != "copies"]
-    out = any(has(r.get("scaleout_gbps")) and r["scaleout_gbps"] > 0 for r in rs)
-    # The identity of a point, its time and the hottest rank's rate and load always; the
-    # other byte counts and the tail while the table fits; the per-stage split with --wide.
+    # The identity of a point, its time, both rates, the tier split and what decides always;
+    # the tail, tokens/s and the load while the table fits; the raw stage split with --wide.
+    # Two-line headers: the rates' columns are as narrow as their numbers.
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("shape", True, ALWAYS, True),
             ("stage", True, ALWAYS, True), ("dtype", True, WIDE, True), ("p50 (us)", False, ALWAYS, True),
-            ("p99 (us)", False, COMPACT, True), ("max (us)", False, WIDE, True), ("logical", False, COMPACT, True),
-            ("remote", False, ALWAYS, True), ("scale-up", False, WIDE, True),
-            ("scale-out", False, COMPACT if out else WIDE, True), ("load (hot)", False, ALWAYS, True),
-            ("stages (us)", True, WIDE, True), ("outside a2a", False, WIDE, True), ("% line", False, COMPACT, True),
-            ("check", True, ALWAYS, True)]
+            ("p99 (us)", False, COMPACT, True), ("max (us)", False, WIDE, True),
+            ("tokens/s", False, COMPACT, True), ("ours\n(GB/s)", False, ALWAYS, True),
+            ("DeepEP\n(GB/s)", False, ALWAYS, True), ("scale-up\n(GB/s)", False, ALWAYS, True),
+            ("scale-out\n(GB/s)", False, ALWAYS, True), ("decided\nby", True, ALWAYS, True),
+            ("load\n(max/mean)", False, COMPACT, True), ("stages (us)", True, WIDE, True),
+            ("outside\na2a (%)", False, WIDE, True), ("% line", False, COMPACT, True), ("check", True, ALWAYS, True)]
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
         add_column(t, name, left, level, wrap=name in ("shape", "stages (us)"))
     for r in rs:
-        stages = " ".join(f"{k[9:]}={r[k]:.0f}" for k in r if k.startswith("stage_us_") and r[k] == r[k])
+        stages = " ".join(f"{k}={v:.0f}" for k, v in stage_times(r))
         hot = f"{fmt(r.get('load_max_over_mean'))} (r{int(r['hottest_rank'])})" if has(r.get("hottest_rank")) else "-"
         cell = {"run": text(r.get("run")), "world": str(r["world"]), "shape": shape(r.get("params") or {}, vary=vary),
                 "stage": text(r.get("stage")), "dtype": text(r.get("dtype")), "p50 (us)": fmt(r["time_us_p50"], 1),
                 "p99 (us)": fmt(r["time_us_p99"], 1), "max (us)": fmt(r.get("time_us_max"), 1),
-                "logical": fmt(r.get("logical_gbps")), "remote": fmt(r.get("remote_gbps")),
-                "scale-up": fmt(r.get("scaleup_gbps")), "scale-out": fmt(r.get("scaleout_gbps")), "load (hot)": hot,
-                "stages (us)": stages, "outside a2a": f"{fmt(r.get('outside_a2a_pct'), 0)}%",
+                "tokens/s": fmt(tokens_per_s(r), 0), "ours\n(GB/s)": fmt(r.get("remote_gbps")),
+                "DeepEP\n(GB/s)": fmt(r.get("logical_gbps")), "scale-up\n(GB/s)": fmt(r.get("scaleup_gbps")),
+                "scale-out\n(GB/s)": fmt(r.get("scaleout_gbps")), "decided\nby": decided_cell(r),
+                "load\n(max/mean)": hot, "stages (us)": stages, "outside\na2a (%)": fmt(r.get("outside_a2a_pct"), 0),
                 "% line": fmt(r.get("pct_of_ceiling"), 1), "check": text(r.get("check"))}
         t.add_row(*[cell[c[0]] for c in cols])
     return t
+
+
+# A MoE table this long or shorter is shown open in the report, not folded.
+OPEN_ROWS = 24
 
 
 def section(m, figures: list) -> Section:
@@ -72,8 +162,9 @@ def section(m, figures: list) -> Section:
     multi_run = m["run"].nunique() > 1
     vary = varying_params(m["params"])
     ceil = "pct_of_ceiling" in m.columns and m["pct_of_ceiling"].astype(float).notna().any()
-    heads = (["run"] if multi_run else []) + ["world", "shape", "stage", "p50 (us)", "p99 (us)", "logical GB/s",
-                                               "remote GB/s", "load (hot rank)"] + (["% line"] if ceil else []) + \
+    heads = (["run"] if multi_run else []) + ["world", "shape", "stage", "p50 (us)", "p99 (us)", "tokens/s",
+                                               "ours (GB/s)", "DeepEP (GB/s)", "scale-up (GB/s)", "scale-out (GB/s)",
+                                               "decided by", "load (max/mean)"] + (["% line"] if ceil else []) + \
         ["check"]
     rows = []
     for r in rows_in:
@@ -82,16 +173,18 @@ def section(m, figures: list) -> Section:
         load = f"{fmt(r.get('load_max_over_mean'))} (r{hot})" if has(r.get("load_max_over_mean")) else "-"
         cells = ([text(r["run"])] if multi_run else []) + [
             str(r["world"]), shape(r.get("params") or {}, terminal=False, vary=vary), text(r.get("stage")),
-            fmt(r["time_us_p50"], 1), fmt(r["time_us_p99"], 1), fmt(r.get("logical_gbps")), fmt(r.get("remote_gbps")),
+            fmt(r["time_us_p50"], 1), fmt(r["time_us_p99"], 1), fmt(tokens_per_s(r), 0), fmt(r.get("remote_gbps")),
+            fmt(r.get("logical_gbps")), fmt(r.get("scaleup_gbps")), fmt(r.get("scaleout_gbps")), decided_cell(r),
             load]
         if ceil:
             cells.append(fmt(r.get("pct_of_ceiling"), 1))
         cells.append(text(r.get("check")))
         rows.append(cells)
-    note = "GB/s = the most loaded rank's bytes / slowest-rank p50; load = max/mean rows received (hottest rank)"
-    if not figures:
-        note += f"; no figure: {no_figure_reason(_frame(m))}"
-    return Section("MoE dispatch / combine", note, heads, rows, figures, findings=findings(m, vary))
+    note = GBPS_NOTE
+    if not [f for f in figures if f.name.endswith("_tokens") or f.name.endswith("_skew")]:
+        note += f"; no tokens or skew figure: {no_figure_reason(_frame(m))}"
+    return Section("MoE dispatch / combine", note, heads, rows, figures, findings=findings(m, vary),
+                   fold=len(rows) > OPEN_ROWS)
 
 
 def no_figure_reason(m) -> str:
@@ -115,9 +208,9 @@ def judge_load(load: float) -> str:
 
 
 def findings(m, vary) -> list:
-    """The summary's MoE lines, at the largest world of each run: each stage's rate (the
-    hottest rank's remote GB/s) over the points measured and the best against the line
-    rate; the hottest rank's load at its highest."""
+    """The summary's MoE lines, at the largest world of each run: per stage, each point's
+    p50 and both GB/s (or their range over many points) with the sub-stage that decides
+    (judge_stages); the hottest rank's load at its highest."""
     out = []
     bench = text(m["benchmark"].iloc[0]) if len(m) else ""
     for run, g in m.groupby(m["run"].map(text), sort=True):
@@ -125,17 +218,10 @@ def findings(m, vary) -> list:
         g = g[g["world"] == world]
         who = f"{run + ' ' if m['run'].nunique() > 1 else ''}n={world}"
         for stage in sorted(g["stage"].map(text).unique(), key=lambda s_: (s_ != "dispatch", s_)):
-            s_ = g[g["stage"].map(text) == stage]
-            bw = s_["remote_gbps"].astype(float) if "remote_gbps" in s_.columns else s_["busbw_gbps"].astype(float)
-            if bw.notna().sum() == 0:
+            rs = ordered(g[g["stage"].map(text) == stage].to_dict("records"))
+            if not rs:
                 continue
-            best = s_.loc[bw.idxmax()]
-            pct = best.get("pct_of_ceiling")
-            rng = f"{num(bw.min())} to {num(bw.max())} GB/s over {len(s_)} points" if len(s_) > 1 else \
-                f"{num(bw.max())} GB/s"
-            where = shape(best["params"], terminal=False, vary=vary)
-            out.append(Finding(bench, f"{stage} ({who})", f"{rng}; best {where}"
-                               + (f" = {fmt(pct, 1)}% of the line rate" if has(pct) else ""), judge_ceiling(pct)))
+            out.append(Finding(bench, f"{stage} ({who})", _stage_value(rs, vary), judge_stages(rs)))
         if "load_max_over_mean" in g.columns and g["load_max_over_mean"].astype(float).notna().any():
             ld = g["load_max_over_mean"].astype(float)
             hot = g.loc[ld.idxmax()]
@@ -144,6 +230,27 @@ def findings(m, vary) -> list:
                                + (f"; {fmt(ld.min())} at the most even point" if len(g) > 2 else ""),
                                judge_load(float(ld.max()))))
     return out
+
+
+# Points a summary line lists one by one; more are given as ranges.
+LIST_POINTS = 4
+
+
+def _stage_value(rs: list[dict], vary) -> str:
+    def one(r):
+        return (f"{num(r['time_us_p50'])} us, {fmt(r.get('remote_gbps'))} GB/s ours / {fmt(r.get('logical_gbps'))} "
+                f"GB/s DeepEP, {num(tokens_per_s(r))} tokens/s, {decided_cell(r)}")
+    if len(rs) == 1:
+        return one(rs[0])
+    if len(rs) <= LIST_POINTS:
+        # Each point by the params that tell the points apart (the shape is in the table).
+        def who(p):
+            return " ".join(f"{k}={p.get(k)}" for k in vary) or shape(p, terminal=False)
+        return "; ".join(f"{who(r['params'])}: {one(r)}" for r in rs)
+    t = [float(r["time_us_p50"]) for r in rs]
+    bw = [float(r["remote_gbps"]) for r in rs if has(r.get("remote_gbps"))]
+    return (f"{len(rs)} points: {num(min(t))} to {num(max(t))} us"
+            + (f", {num(min(bw))} to {num(max(bw))} GB/s ours" if bw else ""))
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,10 +357,84 @@ def _tokens_figure(m, out_dir: Path, name: str) -> FigureInfo | None:
                       f"{_CAPTION} per tokens-per-rank value", series)
 
 
+# One colour per sub-stage in every stage figure; the exchange in the strong ones.
+_STAGE_COLOURS = {"layout": "#9ecae1", "counts": "#c6dbef", "sync": "#fdd0a2", "pack": "#a1d99b", "a2a": "#d62728",
+                  "a2a_out": "#d62728", "a2a_in": "#ff7f0e", "forward": "#9467bd", "unpack": "#bcbddc",
+                  "reduce": "#1f77b4", "other": "#bbbbbb"}
+
+
+def stages_figure(rows, out_dir: Path, name: str) -> FigureInfo | None:
+    """<name>_stages: where the time goes. One panel per stage (dispatch, combine), one
+    horizontal bar per configuration and rank count, stacked by sub-stage (p50 of each,
+    slowest rank); what the sub-stages leave of p50 is grey ("other"), and each bar ends
+    with its p50 and what decides it. Drawn for every run with per-stage times."""
+    rs = [r for r in ordered(rows.to_dict("records")) if stage_times(r)]
+    if not rs:
+        return None
+    stages = sorted({text(r.get("stage")) for r in rs}, key=lambda s_: (s_ != "dispatch", s_))
+    vary = [k for k in varying_params(r.get("params") for r in rs) if k != "copies"]
+    multi_run = len({text(r.get("run")) for r in rs}) > 1
+    n_bars = max(sum(1 for r in rs if text(r.get("stage")) == st) for st in stages)
+    fig, axes = new_figure(1, len(stages), w=6.0 * len(stages) + 1, h=1.6 + 0.45 * n_bars)
+    series, seen = [], set()
+    for col, st in enumerate(stages):
+        ax = axes[0][col]
+        mine = [r for r in rs if text(r.get("stage")) == st]
+        labels, right = [], 0.0
+        for y, r in enumerate(mine):
+            p = r.get("params") or {}
+            labels.append(" ".join(x for x in ((text(r.get("run")) if multi_run else ""), f"n={r['world']}",
+                                               f"copies={p.get('copies')}" if p.get("copies") else "",
+                                               shape(p, terminal=False, vary=vary) if vary else "") if x))
+            left = 0.0
+            parts = stage_times(r)
+            rest = float(r["time_us_p50"]) - sum(v for _, v in parts)
+            if rest > 0:
+                parts = parts + [("other", rest)]
+            for k, v in parts:
+                ax.barh(y, v, left=left, color=_STAGE_COLOURS.get(k, "#999999"), edgecolor="white", lw=0.5,
+                        label=k if k not in seen else None)
+                seen.add(k)
+                left += v
+            # The step's own p50 as a tick: medians of the sub-stages need not add up to it.
+            p50 = float(r["time_us_p50"])
+            ax.plot([p50, p50], [y - 0.42, y + 0.42], color="black", lw=1.2, label="p50 of the step"
+                    if "p50" not in seen else None)
+            seen.add("p50")
+            ax.text(max(left, p50), y, f" p50 {num(p50)} us, {decided_cell(r)}", va="center", fontsize=7)
+            right = max(right, left, p50)
+            series.append(f"{labels[-1]} {st}")
+        ax.set_yticks(range(len(mine)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (us), p50 of each sub-stage, slowest rank")
+        ax.set_title(st)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlim(0, right * 1.55)
+    handles, names = [], []
+    for ax in axes[0]:
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
+    order = sorted(range(len(names)), key=lambda i: (STAGE_ORDER + ("other", "p50 of the step")).index(names[i])
+                   if names[i] in STAGE_ORDER + ("other", "p50 of the step") else 99)
+    axes[0][-1].legend([handles[i] for i in order], [names[i] for i in order], fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="sub-stage", title_fontsize=7)
+    fig.suptitle("MoE: where the time goes (stacked sub-stages)")
+    return FigureInfo(f"{name}_stages", save_figure(fig, out_dir, f"{name}_stages"), "MoE stage breakdown",
+                      "p50 of each sub-stage of dispatch and combine (slowest rank), stacked, per configuration and "
+                      "rank count; grey: the part of p50 the sub-stages do not cover; black tick: the step's p50 (the "
+                      "sub-stages' medians need not add up to it); after each bar its p50 and the sub-stage(s) that "
+                      "decide it", series)
+
+
 def figures(rows, out_dir: Path, name: str) -> list[FigureInfo]:
-    """<name>_tokens (when a shape was measured at several token counts) and <name>_skew
-    (when a routing's skew parameter took several values)."""
+    """<name>_stages (every run with per-stage times), <name>_tokens (when a shape was
+    measured at several token counts) and <name>_skew (when a routing's skew parameter
+    took several values)."""
     if rows.empty:
         return []
     m = _frame(rows)
-    return [f for f in (_tokens_figure(m, out_dir, name), _skew_figure(m, out_dir, name)) if f is not None]
+    return [f for f in (stages_figure(m, out_dir, name), _tokens_figure(m, out_dir, name),
+                        _skew_figure(m, out_dir, name)) if f is not None]

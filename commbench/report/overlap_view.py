@@ -28,10 +28,11 @@ def terminal_table(rows: list[dict], plain: bool):
     warn = any(has(r.get("warning")) for r in rows)
     # The point and its three times, OSU's overlap and the check always; the other
     # judgements while the table fits; the matmul's size and rates with --wide.
-    cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("size", False, ALWAYS, True),
-            ("mode", True, ALWAYS, True), ("polls/progress", True, COMPACT, True), ("gemm", False, WIDE, True),
-            ("t_comm", False, ALWAYS, True), ("t_compute", False, ALWAYS, True), ("t_overall", False, ALWAYS, True),
-            ("OSU %", False, ALWAYS, True), ("IMB %", False, COMPACT, True), ("slowdown", False, COMPACT, True),
+    cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("size (B)", False, ALWAYS, True),
+            ("mode", True, ALWAYS, True), ("polls/progress", True, COMPACT, True), ("gemm (n)", False, WIDE, True),
+            ("t_comm (us)", False, ALWAYS, True), ("t_compute (us)", False, ALWAYS, True),
+            ("t_overall (us)", False, ALWAYS, True), ("OSU (%)", False, ALWAYS, True),
+            ("IMB (%)", False, COMPACT, True), ("slowdown (x)", False, COMPACT, True),
             ("exposed (us)", False, COMPACT, True), ("GFLOP/s alone", False, WIDE, True),
             ("GFLOP/s overl.", False, WIDE, True), ("check", True, ALWAYS, True), ("warning", True, ALWAYS, warn)]
     cols = [c for c in cols if c[3]]
@@ -40,14 +41,14 @@ def terminal_table(rows: list[dict], plain: bool):
     for r in rows:
         mode = str(r.get("mode"))
         if mode == "sequence":
-            mode += f" x{r.get('buckets')}"
+            mode += f" x{int(float(r['buckets']))}" if has(r.get("buckets")) else ""  # a count: "x8", never "x8.0"
         prog = "thread" if r.get("progress") == "thread" else f"polls {r.get('polls')}"
         cells = ([str(r.get("run"))] if show_run else []) + [
             str(r.get("world")), fmt_size(int(r.get("nbytes", 0))), mode, prog, str(r.get("gemm_n")),
             _us(r.get("t_comm_us")), _us(r.get("t_compute_us")), _us(r.get("t_overall_us")),
             # Imported OSU rows lack what OSU does not print (IMB %, slowdown, GFLOP/s): "-".
             fmt(r.get("overlap_osu_pct"), 0), fmt(r.get("overlap_imb_pct"), 0),
-            fmt(r.get("compute_slowdown")) + "x" if has(r.get("compute_slowdown")) else "-", _us(r.get("exposed_us")),
+            fmt(r.get("compute_slowdown")), _us(r.get("exposed_us")),
             fmt(r.get("gflops_alone"), 1), fmt(r.get("gflops_overlapped"), 1), str(r.get("check"))]
         cells += [text(r.get("warning"))] if warn else []
         t.add_row(*cells)
@@ -61,7 +62,7 @@ def section(o, figures: list) -> Section:
     pk = [k for k in varying_params(o["params"]) if k != "mode"] if "params" in o.columns else []
     warn = "warning" in o.columns and o["warning"].map(has).any()
     heads = (["run"] if multi_run else []) + ["world", "mode"] + pk + [
-        "bucket", "time (us)", "overlap OSU %", "overlap IMB %", "compute slowdown", "exposed (us)"] + \
+        "bucket (B)", "time (us)", "overlap OSU (%)", "overlap IMB (%)", "compute slowdown (x)", "exposed (us)"] + \
         (["warning"] if warn else [])
     rows = []
     for r in o.sort_values([c for c in ("run", "world", "mode", "nbytes") if c in o.columns]).to_dict("records"):

@@ -9,7 +9,8 @@ from commbench.analyse.analysis import presenters
 from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbps
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
-from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
+from commbench.report.styles import STYLES, nccl_tests_lines, osu_lines
+from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, size_cells, table, text
 from commbench.analyse.analysis import largest_size
 from commbench.benchmarks.base import for_rows
 from commbench.store.results import load, load_meta
@@ -30,6 +31,18 @@ _WIDE = False
 def set_wide(on: bool) -> None:
     global _WIDE
     _WIDE = bool(on)
+
+
+# `--style` (run, report): "table" (commbench's tables), or the layout of the tool the
+# reader knows ("nccl-tests", "osu"; commbench.report.styles) for the sized collectives' rows.
+_STYLE = "table"
+
+
+def set_style(style: str | None) -> None:
+    global _STYLE
+    if (style or "table") not in STYLES:
+        raise ValueError(f"unknown style {style!r}")
+    _STYLE = style or "table"
 
 
 def wide_tables() -> bool:
@@ -56,11 +69,20 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     by_bench: dict[str, list] = {}
     for r in rows:
         by_bench.setdefault(r["benchmark"], []).append(r)
+    styled = []
     for bench, rs in by_bench.items():
         b = for_rows(bench)
+        # Another tool's layout for the sized collectives; moe, overlap, barrier keep their own.
+        if _STYLE != "table" and b.collective_rows and b.sized:
+            styled += rs
+            continue
         own = view_hooks.tables(b, rs, plain)
         for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
             print_table(console, t, wide)
+    if styled:
+        # Plain lines, as the other tool writes them: no markup, no wrapping.
+        for line in (nccl_tests_lines if _STYLE == "nccl-tests" else osu_lines)(styled):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _varies(rs, key, within: str | None = None) -> bool:
@@ -102,7 +124,8 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
             ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
             ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
             ("stage", True, ALWAYS, show_stage), ("size (B)", False, ALWAYS, sized),
-            ("iters", False, WIDE, True), ("p50 (us)", False, ALWAYS, True), ("p99 (us)", False, COMPACT, True),
+            ("iters", False, WIDE, True), ("min (us)", False, WIDE, True), ("p50 (us)", False, ALWAYS, True),
+            ("p99 (us)", False, COMPACT, True), ("max (us)", False, WIDE, True),
             ("host (us/op)", False, COMPACT, show_host), ("algbw (GB/s)", False, COMPACT, sized),
             ("busbw (GB/s)", False, ALWAYS, sized), ("bound (us)", False, WIDE, show_ceiling),
             ("ceiling (GB/s)", False, WIDE, show_ceiling and sized), ("% line", False, COMPACT, show_ceiling and sized),
@@ -110,12 +133,14 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
         add_column(t, name, left, level, wrap=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
-    for r in rs:
+    sizes = size_cells(int(r["nbytes"]) for r in rs)
+    for r, size in zip(rs, sizes):
         cell = {"run": text(r.get("run")), "world": str(r["world"]), "variant": text(r.get("variant")) or "default",
                 "placement": text(r.get("placement")) or "-", "dtype": text(r.get("dtype")),
                 "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
-                "size (B)": fmt_size(int(r["nbytes"])), "iters": text(r.get("iters")),
+                "size (B)": size, "iters": text(r.get("iters")),
                 "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": f"{r['time_us_p99']:.2f}",
+                "min (us)": _num(r.get("time_us_min"), 2), "max (us)": _num(r.get("time_us_max"), 2),
                 "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
                 "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
                 "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
@@ -182,7 +207,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
-    if df.empty:
+    if df.empty or _STYLE != "table":  # another tool's layout has no such tables
         return
     console = console or make_console()
     wide = _WIDE if wide is None else wide
@@ -199,20 +224,23 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
                 ("variant", True, _varies(rs, "variant", "benchmark")),
                 ("placement", True, _varies(rs, "placement", "benchmark")),
                 ("stage", True, any(r.get("stage") for r in rs)),
-                ("size", False, any(views[r["benchmark"]].sized for r in rs)), ("dtype", True, _varies(rs, "dtype")),
+                ("size (B)", False, any(views[r["benchmark"]].sized for r in rs)),
+                ("dtype", True, _varies(rs, "dtype")),
                 ("params", True, any(not views[r["benchmark"]].sized or json.loads(r["params"]) for r in rs)),
-                ("world", False, True), ("metric", True, True), ("value", False, True), ("efficiency", False, True)]
+                ("world", False, True), ("metric", True, True), ("value\n(metric's unit)", False, True),
+                ("efficiency\n(%)", False, True)]
         cols = [c for c in cols if c[2]]
         for name, left, _ in cols:
             add_column(t, name, left, wrap=name == "params")
+        sized_cells = iter(size_cells(int(r["nbytes"]) for r in rs if views[r["benchmark"]].sized))
         for r in rs:
             b = views[r["benchmark"]]
             cell = {"run": text(r.get("run")), "benchmark": r["benchmark"], "variant": text(r.get("variant")),
                     "placement": text(r.get("placement")), "stage": text(r.get("stage")),
-                    "size": fmt_size(int(r["nbytes"])) if b.sized else "", "dtype": text(r.get("dtype")),
+                    "size (B)": next(sized_cells) if b.sized else "", "dtype": text(r.get("dtype")),
                     "params": b.describe(json.loads(r["params"])), "world": str(r["world"]),
-                    "metric": METRIC_NAMES.get(r["metric"], r["metric"]), "value": num(r["value"]),
-                    "efficiency": f"{r['efficiency_pct']:.1f}%"}
+                    "metric": METRIC_NAMES.get(r["metric"], r["metric"]), "value\n(metric's unit)": num(r["value"]),
+                    "efficiency\n(%)": f"{r['efficiency_pct']:.1f}"}
             t.add_row(*[cell[c[0]] for c in cols])
         print_table(console, t, wide)
     thin: list[str] = []
@@ -227,10 +255,10 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
                 ("world", False, ALWAYS, True), ("variant", True, ALWAYS, _varies(fr, "variant", "benchmark")),
                 ("placement", True, ALWAYS, _varies(fr, "placement", "benchmark")),
                 ("dtype", True, ALWAYS if _varies(fr, "dtype") else WIDE, True),
-                ("stage", True, ALWAYS, any(r.get("stage") for r in fr)), ("sizes", True, ALWAYS, True),
+                ("stage", True, ALWAYS, any(r.get("stage") for r in fr)), ("sizes (B)", True, ALWAYS, True),
                 ("alpha (us)", False, ALWAYS, True), ("B (GB/s)", False, ALWAYS, True),
-                ("busbw asym (GB/s)", False, ALWAYS, True), ("n_half", False, ALWAYS, True),
-                ("rms err", False, ALWAYS, True), ("max err", False, COMPACT, True)]
+                ("busbw asym (GB/s)", False, ALWAYS, True), ("n_half (B)", False, ALWAYS, True),
+                ("rms err (%)", False, ALWAYS, True), ("max err (%)", False, COMPACT, True)]
         cols = [c for c in cols if c[3]]
         for name, left, level, _ in cols:
             add_column(t, name, left, level, in_caption=name == "dtype" and level == WIDE)
@@ -239,11 +267,11 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
             cell = {"run": text(r.get("run")), "benchmark": r["benchmark"], "world": str(r["world"]),
                     "variant": text(r.get("variant")) or "default", "placement": text(r.get("placement")) or "-",
                     "dtype": text(r["dtype"]), "stage": text(r.get("stage")),
-                    "sizes": f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
+                    "sizes (B)": f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
                     "alpha (us)": f"{r['alpha_us']:.3f}", "B (GB/s)": _num(r["bandwidth_gbps"], 3),
                     "busbw asym (GB/s)": _num(r["busbw_asymptote_gbps"], 3),
-                    "n_half": fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
-                    "rms err": f"{r['rms_rel_err_pct']:.1f}%", "max err": f"{r['max_rel_err_pct']:.1f}%"}
+                    "n_half (B)": fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
+                    "rms err (%)": f"{r['rms_rel_err_pct']:.1f}", "max err (%)": f"{r['max_rel_err_pct']:.1f}"}
             t.add_row(*[cell[c[0]] for c in cols])
         print_table(console, t, wide)
     if thin:
@@ -268,7 +296,7 @@ def report_runs(paths, profile=None) -> None:
         df = rejudge(df, paths, profile)
     print_tables(df)
     analysis_tables(df)
-    if "variant" in df and df["variant"].nunique() > 1:
+    if "variant" in df and df["variant"].nunique() > 1 and _STYLE == "table":
         variant_tables(df, None, skipped_variants(load_meta(p) for p in paths))
 
 
@@ -336,14 +364,15 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
         here = [n for n in names if n in set(g["variant"])]
         inswitch = "inswitch" in g.columns and g["inswitch"].map(lambda v: has(v) and bool(v)).any()
         where = " ".join(x for x in ((k.get("run") if multi_run else ""), k.get("placement", "")) if x)
-        cols = [("size", ALWAYS)]
+        cols = [("size (B)", ALWAYS)]
         for n in here:
-            cols += [(f"{n} p50 us", ALWAYS), ("algbw", WIDE), ("busbw", COMPACT),
-                     ("wire", COMPACT if inswitch else WIDE), ("%", COMPACT), ("x", ALWAYS)]
+            cols += [(f"{n} p50 (us)", ALWAYS), ("algbw (GB/s)", WIDE), ("busbw (GB/s)", COMPACT),
+                     ("wire (GB/s)", COMPACT if inswitch else WIDE), ("% line", COMPACT), ("x (speedup)", ALWAYS)]
         speed = {n: [] for n in here}
         rows = []
-        for s_ in sorted(set(g["nbytes"])):
-            cells = [fmt_size(int(s_))]
+        all_sizes = sorted(set(g["nbytes"]))
+        for s_, size in zip(all_sizes, size_cells(all_sizes)):
+            cells = [size]
             at = {r["variant"]: r for r in g[g["nbytes"] == s_].to_dict("records")}
             b = at.get(base)
             for n in here:
@@ -369,13 +398,13 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
             lines.append(f"{bench} w{world}{(' ' + where) if where else ''}: {n} vs {base}: best {best[1]:.2f}x at "
                          f"{fmt_size(int(best[0]))}; " + (f"faster from {fmt_size(int(cross))} up" if cross is not None
                                                           else "never faster at the largest sizes"))
-        full = ["size"] + [h if i % 6 == 0 else f"{here[i // 6]} {h}" for i, (h, _) in enumerate(cols[1:])]
+        full = ["size (B)"] + [h if i % 6 == 0 else f"{here[i // 6]} {h}" for i, (h, _) in enumerate(cols[1:])]
         out.append({"headers": full,
                     "title": f"{bench} world {world} {k.get('dtype', '')}{(' ' + where) if where else ''}: "
                              f"variants side by side (baseline {base})",
                     "caption": "wire = algbw*(n+1)/n for in-switch variants (what each link carries), busbw "
-                               "otherwise; % = wire or busbw of the scale-up ceiling's line rate; x = speedup of p50 "
-                               "over the baseline",
+                               "otherwise; % line = wire or busbw of the scale-up ceiling's line rate; x = speedup of "
+                               "p50 over the baseline",
                     "benchmark": bench, "world": int(world), "baseline": base, "columns": cols, "rows": rows,
                     "lines": lines, "verdicts": verdicts})
     return out

@@ -43,6 +43,16 @@ def fmt(v, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else "-"
 
 
+def size_cells(values) -> list[str]:
+    """A column of sizes (bytes) in one format: binary suffixes ("8", "1K", "4M") when every
+    size of 1K or more is a whole number of its unit, else every size in plain bytes (never
+    "7154K" beside "15708000")."""
+    vals = [int(v) for v in values]
+    if all(v < 1024 or v % 1024 == 0 for v in vals):
+        return [fmt_size(v) for v in vals]
+    return [str(v) for v in vals]
+
+
 def num(v, sig: int = 4, most: int = 3) -> str:
     """One number format for a column whose values span decades: fixed point, `sig`
     significant digits but never more than `most` decimals, never an exponent ("11440",

@@ -82,25 +82,48 @@ def plan(cfg, points: list, world: int, device: str, check_counts: bool = False)
         out.append({"point": p, "mem_nbytes": mem, "est_s": point_seconds(cfg, p)})
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
-        big = max(out, key=lambda r: r["mem_nbytes"])
-        local = min(launch.local_ranks(world), world)
-        if avail is not None and big["mem_nbytes"] * local > avail:
+        local = launch.local_ranks(world)
+        # A point holds buffers on its own ranks only: a 2-rank point of a 4-rank launch, 2.
+        here = {id(r): min(local, world, r["point"].world) for r in out}
+        big = max(out, key=lambda r: r["mem_nbytes"] * here[id(r)])
+        n = here[id(big)]
+        if avail is not None and big["mem_nbytes"] * n > avail:
             p = big["point"]
+            what = (f"{p.benchmark} {fmt_size(p.nbytes)}" if get(p.benchmark).sized else
+                    f"{p.benchmark} {' '.join(f'{k}={v}' for k, v in p.params.items() if k in _SHAPE_KEYS)}")
             raise UsageError(
-                f"{p.benchmark} {fmt_size(p.nbytes)} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} "
-                f"per rank, {fmt_mem(big['mem_nbytes'] * local)} for {local} ranks on this host, which has "
-                f"{fmt_mem(avail)} available: lower the sizes or the ranks per host")
+                f"{what} at world {p.world} needs about {fmt_mem(big['mem_nbytes'])} per rank, "
+                f"{fmt_mem(big['mem_nbytes'] * n)} for {n} ranks on this host, which has {fmt_mem(avail)} "
+                f"available: {_lower_hint(get(p.benchmark), p.benchmark)} or the ranks per host")
     return out
+
+
+# The params that set an unsized benchmark's buffers, named in a refusal.
+_SHAPE_KEYS = ("tokens", "hidden", "experts", "topk", "copies", "mode", "capacity")
+
+
+def _lower_hint(bench, name: str) -> str:
+    """What shrinks a point's buffers: the sizes, or for a benchmark without sizes its
+    token count (the MoE knob, `make moe MOE_TOKENS=`)."""
+    if bench.sized:
+        return "lower the sizes"
+    if "tokens" in bench.params:
+        make = " (make MOE_TOKENS=N)" if name == "moe" else ""
+        return f"lower the tokens per rank with --param {name}.tokens=N{make}"
+    return "lower its params"
 
 
 def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:
     """--dry-run: the points, memory per rank and a rough time, without communicating."""
+
     print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
     print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")
     for r in plan_rows:
         p = r["point"]
         params = " ".join(f"{k}={v}" for k, v in p.params.items())
-        print(f"{p.benchmark:16s} {p.world:5d} {fmt_size(p.nbytes):>8s} {p.dtype:9s} "
+        sized = get(p.benchmark).sized  # moe has no size or dtype of its own: its params say its point
+        size, dtype = (fmt_size(p.nbytes), p.dtype) if sized else ("-", "-")
+        print(f"{p.benchmark:16s} {p.world:5d} {size:>8s} {dtype:9s} "
               f"{fmt_mem(r['mem_nbytes']):>10s} {r['est_s']:7.2f}s  {params}")
     total = sum(r["est_s"] for r in plan_rows)
     peak = max((r["mem_nbytes"] for r in plan_rows), default=0)

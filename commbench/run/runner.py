@@ -37,7 +37,7 @@ def describe(point) -> str:
     """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
     what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
             f"{fmt_size(point.nbytes)} {point.dtype}")
-    return f"{point.benchmark} {what} world {point.world}"
+    return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"
 
 
 def describe_row(row: dict) -> str:
@@ -238,8 +238,10 @@ class Progress:
     def label(self, point) -> str:
         vary = self.varying.get(point.benchmark, {})
         params = " ".join(f"{k}={v}" for k, v in point.params.items() if len(vary.get(k, ())) > 1)
-        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes), point.dtype, params)
-                        if x)
+        # A benchmark without sizes (moe) has no size or dtype to name: its params say its point.
+        sized = get(point.benchmark).sized
+        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes) if sized else "",
+                                    point.dtype if sized else "", "in-place" if point.in_place else "", params) if x)
 
     def update(self, point, rows):
         self.done += 1
@@ -250,8 +252,9 @@ class Progress:
             self.bar.update(self.task, advance=self.weight.get(id(point), 1.0), description=desc,
                             points=f"{self.done}/{self.total}")
         else:
-            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us busbw {r['busbw_gbps']:.3f} GB/s"
-                             for r in rows)
+            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us " + (
+                f"{r['remote_gbps']:.3f} GB/s ours" if r.get("remote_gbps") is not None  # moe: the tables' rate
+                else f"busbw {r['busbw_gbps']:.3f} GB/s") for r in rows)
             print(f"[{self.done}/{self.total}] {desc}: {figs}; check {rows[0]['check']}", flush=True)
 
     def close(self):
@@ -472,10 +475,18 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         for n in notes:
             print(f"note: {n}", flush=True)
     done = set(world.allgather_obj(sorted(done))[0])
-    ctx.todo = [p for p in points if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
-                                               get(p.benchmark).placement(world, p)) not in done]
+    # A placement the backend cannot give (torch's all_reduce is in place only) makes both
+    # placements one point: measured once.
+    ctx.todo, seen, n_done = [], set(done), 0
+    for p in points:
+        key = point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
+                        get(p.benchmark).placement(world, p))
+        n_done += key in done
+        if key not in seen:
+            seen.add(key)
+            ctx.todo.append(p)
     if ctx.is_root and resume:
-        print(f"resume: {len(points) - len(ctx.todo)} of {len(points)} points already in {ctx.run_dir.dir}, "
+        print(f"resume: {n_done} of {len(points)} points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
 
 

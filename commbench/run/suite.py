@@ -16,6 +16,7 @@ from commbench.benchmarks import Point, get
 from commbench.run.variants import check_baseline, of_config, parse_suite_variants
 
 TIMING_METHODS = ("back_to_back", "barrier")
+PLACEMENTS = ("out-of-place", "in-place", "both")
 
 # Where suites are found, before the ones that ship with commbench: COMMBENCH_SUITES (suite
 # files or directories of them, os.pathsep-separated), then ./suites of the current directory.
@@ -160,6 +161,10 @@ class SuiteConfig:
     in_place: bool = _key(False, "nccl-tests' in-place column: all_reduce reduces its output buffer in place "
                           "(default: out of place where the backend can; rows say which in `placement`)",
                           _of(bool, "true or false"))
+    placement: str | None = _key(None, "out-of-place, in-place or both: the placements a collective with a choice "
+                                 "(all_reduce) is measured in, nccl-tests' two columns (default: out-of-place where "
+                                 "the backend can, in-place with in_place = true)",
+                                 _choice(PLACEMENTS))
     per_op_events: bool = _key(False, "GPU: an event pair around each operation inside the held batch, for tail "
                                "studies (each pair costs 1-2 us of device time at the smallest sizes), instead of "
                                "one pair around the batch", _of(bool, "true or false"))
@@ -372,6 +377,17 @@ def _param_grid(bench, raw: dict) -> list[dict]:
     return out
 
 
+def placements_of(cfg: SuiteConfig) -> tuple[bool, ...]:
+    """The in-place settings the sweep measures (False: out of place), from the placement
+    key, or in_place (its shorthand) when placement is not given."""
+    if cfg.placement is None:
+        return (bool(cfg.in_place),)
+    if cfg.in_place and cfg.placement != "in-place":
+        raise UsageError(f"suite {cfg.name}: in_place = true and placement = {cfg.placement} disagree (in_place is "
+                         f"placement = in-place)")
+    return {"out-of-place": (False,), "in-place": (True,), "both": (False, True)}[cfg.placement]
+
+
 def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list, list[str]]:
     """Every point of the sweep, and notes on sizes dropped or rounded. Raises UsageError
     for a sweep that cannot run, before anything is communicated."""
@@ -382,6 +398,7 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
             raise UsageError(f"dtype {d} is not supported by this backend (it has: {', '.join(backend_dtypes)})")
     sizes = resolve_sizes(cfg)
     worlds = resolve_worlds(cfg, launched)
+    placements = placements_of(cfg)
     points, notes, seen = [], [], set()
     for world in worlds:
         for bench in benches:
@@ -394,15 +411,18 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
             for params in _param_grid(bench, cfg.params.get(bench.name, {})):
                 for dtype in cfg.dtypes if bench.sized else cfg.dtypes[:1]:
                     for nbytes in _sizes_for(bench, world, dtype, params, sizes, cfg, notes) if bench.sized else [0]:
-                        p = Point(bench.name, world, dtype, nbytes, params)
-                        # A value given twice (--dtypes float32,float32) is one point: measured
-                        # twice it would leave a run whose rows no reader can choose between.
-                        key = (bench.name, world, dtype, nbytes, json.dumps(params, sort_keys=True, default=str))
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                        bench.validate(p)
-                        points.append(p)
+                        # A placement axis only where the benchmark has the choice.
+                        for in_place in placements if bench.placement_axis else (placements[-1],):
+                            p = Point(bench.name, world, dtype, nbytes, params, in_place=in_place)
+                            # A value given twice (--dtypes float32,float32) is one point: measured
+                            # twice it would leave a run whose rows no reader can choose between.
+                            key = (bench.name, world, dtype, nbytes, json.dumps(params, sort_keys=True, default=str),
+                                   in_place)
+                            if key in seen:
+                                continue
+                            seen.add(key)
+                            bench.validate(p)
+                            points.append(p)
     for name in cfg.params:
         if name not in cfg.benchmarks:
             raise UsageError(f"params given for {name!r}, which the suite does not run")

@@ -526,7 +526,9 @@ def _rows_file(p: Path) -> Path:
 
 def load(paths, warn=None):
     """One pandas DataFrame for one run directory (or rows.jsonl) or a list of them; a
-    `run` column names the directory each row came from; `params` is a dict in every row.
+    `run` column names the directory each row came from; `params` is a dict in every row,
+    and each parameter a column of its own too, named <benchmark>.<param> (`moe.tokens`,
+    `moe.copies`; flatten_params), so groupby and pivot work on it.
 
     A file with lines but no row in it is refused (a text file is not a run); lines that are
     not rows, and points that appear more than once in one run (two writers, a resume that
@@ -559,14 +561,36 @@ def load(paths, warn=None):
             warn(f"{f}: {len(impossible)} row(s) hold a time_us_p50 that cannot be (0, negative, NaN or inf) "
                  f"and were left out ({what} first)")
             rows = [r for r in rows if not time_cannot_be(r)]
-        keys = [r.get("point_key") for r in rows]
+        # A point's stages (moe's dispatch and combine) are rows of one point key.
+        keys = [(r.get("point_key"), r.get("stage")) for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
             warn(f"{f}: {dup} point(s) appear more than once")
         df = pd.DataFrame(rows)
         df["run"] = f.parent.name
         frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return flatten_params(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
+
+
+def flatten_params(df):
+    """df with a column <benchmark>.<param> for every parameter of its rows' params (a
+    dict column cannot be grouped on: dicts are unhashable); rows of another benchmark, or
+    without that parameter, hold NaN there. The params column stays as it is."""
+    import pandas as pd
+
+    if df.empty or "params" not in df.columns or "benchmark" not in df.columns:
+        return df
+    cols: dict[str, dict] = {}
+    for i, (bench, params) in enumerate(zip(df["benchmark"], df["params"])):
+        for k, v in params_dict(params).items():
+            # A list or dict value would be unhashable again: its canonical JSON instead.
+            cols.setdefault(f"{bench}.{k}", {})[i] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+    new = {c: pd.Series(vals, dtype=object).reindex(range(len(df))) for c, vals in sorted(cols.items())
+           if c not in df.columns}
+    if not new:
+        return df
+    flat = pd.DataFrame(new, index=range(len(df))).infer_objects()
+    return pd.concat([df.reset_index(drop=True), flat], axis=1)
 
 
 def load_meta(run_dir) -> dict:
