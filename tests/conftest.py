@@ -34,7 +34,7 @@ def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0
     busbw from the benchmark's own factor (1.0 for a name the registry does not know).
     Any field can be given to override what it would be."""
     from commbench.benchmarks import registry
-    from commbench.store.results import SCHEMA_VERSION, point_key
+    from commbench.core.schema import SCHEMA_VERSION, point_key
 
     if busbw_factor is None:
         b = registry().get(benchmark)

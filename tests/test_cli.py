@@ -5,7 +5,7 @@ import time
 import pytest
 
 import commbench
-from commbench.store.results import SCHEMA_VERSION
+from commbench.core.schema import SCHEMA_VERSION
 from conftest import ROOT, needs_mpi, run_cli
 
 

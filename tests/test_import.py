@@ -9,7 +9,8 @@ import pytest
 
 from commbench.core.errors import UsageError
 from commbench.store.importers import detect_format, import_file, write_imported_run
-from commbench.store.results import ROW_FIELDS, SCHEMA_VERSION, load, load_meta
+from commbench.core.schema import ROW_FIELDS, SCHEMA_VERSION
+from commbench.store.results import load, load_meta
 
 from conftest import run_cli
 

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from commbench.benchmarks import registry
-from commbench.store.results import ROW_FIELDS, load
+from commbench.core.schema import ROW_FIELDS
+from commbench.store.results import load
 from conftest import needs_mpi, needs_torch, run_cli
 
 STANDARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "barrier"]

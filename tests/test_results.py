@@ -6,7 +6,8 @@ import json
 import pytest
 
 from commbench.core.errors import UsageError
-from commbench.store.results import (ROW_FIELDS, SCHEMA_VERSION, RunDir, Status, load, normalize_row, overall_status, params_dict, point_key, read_rows)
+from commbench.core.schema import ROW_FIELDS, SCHEMA_VERSION, normalize_row, params_dict, point_key
+from commbench.store.results import RunDir, Status, load, overall_status, read_rows
 
 
 def test_point_key_is_stable_and_orders_params():

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from commbench.core.errors import UsageError
-from commbench.store.results import params_dict
+from commbench.core.schema import params_dict
 from commbench.benchmarks.base import for_rows
 
 # Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one

@@ -13,7 +13,7 @@ from pathlib import Path
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
 from commbench.report import views as view_hooks
 from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
-from commbench.store.results import params_dict
+from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text
 from commbench.core.errors import UsageError

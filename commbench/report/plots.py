@@ -14,7 +14,7 @@ from pathlib import Path
 from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
 from commbench.report import views as view_hooks
 from commbench.report.terminal import own_metrics_caption
-from commbench.store.results import params_dict
+from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 from .viewkit import (FigureInfo, capturing, int_log2_axis, labeler, legend_beside, new_figure, save_figure, size_axis,
                       text)

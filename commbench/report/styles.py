@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from commbench.store.results import params_dict
+from commbench.core.schema import params_dict
 from .viewkit import has, text
 
 STYLES = ("table", "nccl-tests", "osu")

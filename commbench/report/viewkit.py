@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commbench.store.results import params_dict
+from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 
 DPI = 110

@@ -8,7 +8,8 @@ from dataclasses import asdict
 
 from . import launch, plan, suite
 from commbench.backends import BACKEND_DTYPES
-from commbench.store.results import RunDir, point_key
+from commbench.store.results import RunDir
+from commbench.core.schema import point_key
 
 # What a run measures and how: with --resume, the run's own values hold, and a flag that
 # would change them is refused rather than ignored (rows of one run measured two ways).

@@ -16,7 +16,8 @@ from commbench.backends import rendezvous
 from commbench.run import launch, suite as suite_mod
 from commbench.benchmarks import get
 from commbench.report.terminal import stdout_is_tty
-from commbench.store.results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
+from commbench.core.schema import SCHEMA_VERSION, point_key
+from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
 from commbench.core.units import fmt_size
 from commbench.analyse import ceilings

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from commbench.core.errors import UsageError
-from ..results import SCHEMA_VERSION, RunDir, Status, placement_of, point_key
+from commbench.core.schema import SCHEMA_VERSION, placement_of, point_key
+from commbench.store.results import RunDir, Status
 from commbench.benchmarks import registry
 from commbench.core.stats import bandwidths_gbps
 from commbench.core.whoami import node_ids
