@@ -41,10 +41,11 @@ MOE_SMALL = {"benchmarks": ["moe"], "worlds": [2], "params": {"moe": {"tokens": 
 
 
 def test_moe_progress_lines_show_no_size_or_dtype():
-    from commbench.run.runner import Progress
+    from commbench.report.progress import Progress
+    from commbench.run.plan import point_seconds
 
     cfg, points = _points(MOE_SMALL, world=4)
-    pr = Progress(points, enabled=False, cfg=cfg)
+    pr = Progress(points, enabled=False, weight_s=lambda p: point_seconds(cfg, p))
     labels = sorted(pr.label(p) for p in points)
     assert labels == ["moe w2 copies=expert", "moe w2 copies=rank"]
 
@@ -249,11 +250,12 @@ def test_overlap_table_counts_buckets_as_integers_and_names_units():
 
 
 def test_moe_progress_line_gives_our_rate_not_busbw(monkeypatch, capsys):
-    from commbench.run.runner import Progress
+    from commbench.report.progress import Progress
+    from commbench.run.plan import point_seconds
 
     monkeypatch.setenv("COMMBENCH_TTY", "0")
     cfg, points = _points(MOE_SMALL, world=2)
-    pr = Progress(points, enabled=True, cfg=cfg)
+    pr = Progress(points, enabled=True, weight_s=lambda p: point_seconds(cfg, p))
     rows = [{"stage": s, "time_us_p50": 480.0, "busbw_gbps": 3.9, "remote_gbps": 3.94, "check": "ok"}
             for s in ("dispatch", "combine")]
     pr.update(points[0], rows)

@@ -347,9 +347,9 @@ def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
     (MPI_Finalize behind a lost link): the kernel timer around the teardown ends the process
     anyway. Here the held call is a C sleep through ctypes.pythonapi, which keeps the lock."""
     code = ("import ctypes, sys\n"
-            "from commbench.run.runner import _teardown_bound\n"
+            "from commbench.run.guard import teardown_bound\n"
             "libc = ctypes.PyDLL(None)\n"  # PyDLL: the call keeps the interpreter's lock
-            "with _teardown_bound(1.0):\n"
+            "with teardown_bound(1.0):\n"
             "    libc.sleep(30)\n"
             "sys.exit(0)\n")
     t0 = time.monotonic()
@@ -357,7 +357,7 @@ def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
     took = time.monotonic() - t0
     assert p.returncode == -signal.SIGALRM, (p.returncode, p.stderr)
     assert took < 10, took
-    ok = subprocess.run([sys.executable, "-c", "from commbench.run.runner import _teardown_bound\n"
-                         "with _teardown_bound(5.0):\n    pass\nimport time; time.sleep(6)\n"],
+    ok = subprocess.run([sys.executable, "-c", "from commbench.run.guard import teardown_bound\n"
+                         "with teardown_bound(5.0):\n    pass\nimport time; time.sleep(6)\n"],
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr  # a teardown that returns in time cancels the timer

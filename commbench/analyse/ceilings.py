@@ -50,7 +50,6 @@ def domains_of_ranks(node_of_rank: list[int], domain_gpus: int | None, *, node_g
     return [order[n] // nodes_per_domain for n in nodes]
 
 
-
 def is_inswitch(row) -> bool:
     """Does the row's variant reduce in the switch: flagged so (a missing flag may read
     as nan in a DataFrame row), or named so (nvls, sharp, ...)?"""
@@ -166,3 +165,11 @@ def _row_compared(row: dict, world: int, inswitch: bool) -> float | None:
         return None if algbw is None else float(algbw) * (world + 1) / world
     busbw = row.get("busbw_gbps")
     return None if busbw is None else float(busbw)
+
+
+def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
+    """The row's tier, ceiling and % of it (ceiling_for_row), under the profile's name."""
+    if profile is None:
+        row.update({k: None for k in CEILING_KEYS}, profile=None)
+        return
+    row.update(ceiling_for_row(profile, row, nodes), profile=profile.name)

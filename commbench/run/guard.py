@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_TIMEOUT = 124  # as timeout(1)
@@ -320,3 +321,21 @@ class Guard:
                 self.on_fatal(status, reason)
         finally:
             os._exit(code)
+
+
+@contextmanager
+def teardown_bound(limit_s: float):
+    """A kernel timer around the backend's teardown: the watchdog is a Python thread, and a
+    library call that keeps the interpreter's lock while it waits (MPI_Finalize behind a
+    lost link) would keep it from ever running. SIGALRM with its default action ends the
+    process whatever holds the lock; the run is already marked by then."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, max(1.0, limit_s))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

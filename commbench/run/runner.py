@@ -6,7 +6,6 @@ import os
 import socket
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +14,6 @@ from commbench import backends
 from commbench.backends import rendezvous
 from commbench.run import launch, suite as suite_mod
 from commbench.benchmarks import get
-from commbench.report.terminal import stdout_is_tty
 from commbench.core.schema import SCHEMA_VERSION, point_key
 from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
@@ -23,11 +21,14 @@ from commbench.core.units import fmt_size
 from commbench.analyse import ceilings
 from commbench.backends import probe
 from commbench.core.errors import RunFailed, UsageError
-from commbench.run.guard import Guard
+from commbench.run.guard import Guard, teardown_bound
+from commbench.analyse.ceilings import add_ceiling
+from commbench.analyse.profiles import default_profile_name
 from commbench.run.plan import point_seconds
 from commbench.run.variants import BUILTIN, lookup
 from commbench.store.results import RunLock, held_by_my_launcher
 from commbench.backends import mpi_timeloop
+from commbench.report.progress import Progress
 from commbench.report.terminal import analysis_tables, print_tables
 
 
@@ -195,94 +196,6 @@ class Harness:
                 "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name, "placement": placement,
                 "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
         return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
-
-
-class Progress:
-    """Rank 0's progress: a rich bar on a terminal, one plain line per point otherwise.
-
-    The bar's time left weighs each point by its planned time (plan.point_seconds), not
-    by count: a sweep's last, largest points take most of its time, and a per-point rate
-    would promise an end long before it comes. Under mpirun rank 0's stdout is a pipe to
-    mpirun (or a pseudo-terminal of mpirun's) even when the user sits at a terminal, and
-    mpirun passes output on a line at a time: the bar is drawn on the launcher's terminal device
-    (COMMBENCH_TTY_PATH) instead, or it would show only at the end."""
-
-    def __init__(self, todo: list, enabled: bool, cfg):
-        self.enabled = enabled
-        self.tty = enabled and stdout_is_tty()
-        self.total, self.done = len(todo), 0
-        self.weight = {id(p): point_seconds(cfg, p) for p in todo}
-        # Parameters named in a point's line: only those that vary within its benchmark.
-        self.varying = {}
-        for p in todo:
-            for k, v in p.params.items():
-                self.varying.setdefault(p.benchmark, {}).setdefault(k, set()).add(repr(v))
-        if self.tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self._tty_file = None
-            path = os.environ.get("COMMBENCH_TTY_PATH")
-            if path and path != _ttyname(sys.stdout):  # mpirun's own pseudo-terminal is not the user's
-                try:
-                    self._tty_file = open(path, "w", buffering=1)
-                except OSError:
-                    pass
-            console = Console(file=self._tty_file, force_terminal=True, highlight=False)
-            self.bar = RP(TextColumn("{task.description}"), BarColumn(),
-                          TextColumn("{task.fields[points]}"), TimeElapsedColumn(), TextColumn("left"),
-                          TimeRemainingColumn(), console=console, refresh_per_second=4)
-            self.task = self.bar.add_task("sweep", total=sum(self.weight.values()) or 1.0,
-                                          points=f"0/{self.total}")
-            self.bar.start()
-
-    def label(self, point) -> str:
-        vary = self.varying.get(point.benchmark, {})
-        params = " ".join(f"{k}={v}" for k, v in point.params.items() if len(vary.get(k, ())) > 1)
-        # A benchmark without sizes (moe) has no size or dtype to name: its params say its point.
-        sized = get(point.benchmark).sized
-        return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes) if sized else "",
-                                    point.dtype if sized else "", "in-place" if point.in_place else "", params) if x)
-
-    def update(self, point, rows):
-        self.done += 1
-        if not self.enabled:
-            return
-        desc = self.label(point)
-        if self.tty:
-            self.bar.update(self.task, advance=self.weight.get(id(point), 1.0), description=desc,
-                            points=f"{self.done}/{self.total}")
-        else:
-            figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us " + (
-                f"{r['remote_gbps']:.3f} GB/s ours" if r.get("remote_gbps") is not None  # moe: the tables' rate
-                else f"busbw {r['busbw_gbps']:.3f} GB/s") for r in rows)
-            print(f"[{self.done}/{self.total}] {desc}: {figs}; check {rows[0]['check']}", flush=True)
-
-    def close(self):
-        if self.tty:
-            self.bar.stop()
-            if self._tty_file is not None:
-                self._tty_file.close()
-                self._tty_file = None
-
-
-def _ttyname(f) -> str | None:
-    try:
-        return os.ttyname(f.fileno())
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
-    """loopback for CPU ranks; on GPUs the built-in profile whose GPU the device names."""
-    if device == "cpu":
-        return "loopback"
-    name = (gpu_names or [""])[0].upper()
-    for key, prof in (("GB300", "gb300-nvl72"), ("GB200", "gb200-nvl72"), ("B200", "b200-hgx"), ("B300", "b200-hgx"),
-                      ("H200", "h200-hgx"), ("H800", "h800-hgx"), ("H100", "h100-hgx"), ("A100", "a100-hgx")):
-        if key in name:
-            return prof
-    return None
 
 
 def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str]):
@@ -496,7 +409,7 @@ def sweep(ctx: RunContext) -> list[dict]:
     and appends it as soon as the point is done. A failure keeps the finished rows and marks
     the run before it ends the process."""
     harness = Harness(ctx.cfg, ctx.guard, ctx.variant)
-    progress = Progress(ctx.todo, ctx.is_root, ctx.cfg)
+    progress = Progress(ctx.todo, ctx.is_root, lambda p: point_seconds(ctx.cfg, p))
     rows: list[dict] = []
     try:
         for w in sorted({p.world for p in ctx.todo}):
@@ -559,7 +472,7 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
     bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
     # MPI_Finalize and a process group's teardown wait for the other ranks: watched too.
     ctx.guard.arm("closing the backend")
-    with _teardown_bound(ctx.cfg.timeout_s + 10.0):
+    with teardown_bound(ctx.cfg.timeout_s + 10.0):
         ctx.backend.finalize()
     ctx.guard.stop()
     return 1 if bad else 0
@@ -568,36 +481,6 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
 def failed_checks(run_rows: list[dict], variant: str) -> list[dict]:
     """The rows of one variant of a run (all its launches) whose data check failed."""
     return [r for r in run_rows if (r.get("variant") or "default") == variant and r.get("check") == "fail"]
-
-
-@contextmanager
-def _teardown_bound(limit_s: float):
-    """A kernel timer around the backend's teardown: the watchdog is a Python thread, and a
-    library call that keeps the interpreter's lock while it waits (MPI_Finalize behind a
-    lost link) would keep it from ever running. SIGALRM with its default action ends the
-    process whatever holds the lock; the run is already marked by then."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.setitimer(signal.ITIMER_REAL, max(1.0, limit_s))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
-    """The row's tier, ceiling and % of it (ceilings.ceiling_for_row), under the profile's name."""
-
-    if profile is None:
-        row.update({k: None for k in ceilings.CEILING_KEYS}, profile=None)
-        return
-    row.update(ceilings.ceiling_for_row(profile, row, nodes), profile=profile.name)
 
 
 def _cfg_dict(cfg) -> dict:
