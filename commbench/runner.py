@@ -310,6 +310,7 @@ class RunContext:
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
     lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
+    launch_id: str = ""  # this launch's; meta.json carries it beside every status rank 0 writes
 
     @property
     def is_root(self) -> bool:
@@ -375,9 +376,9 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
-    # One token for this launch, so failure files of an earlier launch into the same
-    # directory (a resume) are not read as this one's.
-    token = world.allgather_obj(f"{os.getpid()}-{time.time_ns()}")[0]
+    # One id for this launch (its launcher's, under `run --np`), so failure files and the
+    # status of an earlier launch into the same directory (a resume) are not taken for this one's.
+    token = world.allgather_obj(os.environ.get(launch.LAUNCH_ID_ENV) or launch.new_launch_id())[0]
     lock = _lock_run_dir(world, out_dir)
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s, launch=token)
     guard.start()
@@ -399,7 +400,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
-                      RunDir(out_dir) if world.rank == 0 else None, lock=lock)
+                      RunDir(out_dir) if world.rank == 0 else None, lock=lock, launch_id=token)
 
 
 def _lock_run_dir(world, out_dir):
@@ -455,6 +456,8 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
 
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
+        # From here on the status in meta.json is this launch's (launch._marked reads it so).
+        meta["launch"] = ctx.launch_id
         v = ctx.variant
         rd.meta = meta
         rd.variant(v.name).update(env=v.env, inswitch=v.inswitch, description=v.description,

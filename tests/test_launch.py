@@ -75,3 +75,22 @@ def test_a_refusal_under_mpirun_reaches_the_user_once_with_the_cores_busy(tmp_pa
     finally:
         for h in hogs:
             h.kill()
+
+
+def test_the_launcher_takes_only_its_own_launchs_status_for_marked(tmp_path):
+    """meta.json holds the status the previous launch wrote (a resumed failed run, the variant
+    launched before) until rank 0 of this one reopens it: only a status written with this
+    launch's id starts the launcher's drain bound."""
+    import json
+
+    from commbench.launch import _marked
+
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"status": "failed", "launch": "1-1", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "complete", "config": {"timeout_s": 3.0}}))  # before launch ids
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "running", "launch": "2-2", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "failed", "launch": "2-2", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") == 3.0
