@@ -112,6 +112,32 @@ def say_once(line: str, env=None) -> None:
         time.sleep(1.0)
 
 
+# Where each launcher's rank count comes from, for a refusal that names it.
+_WORLD_VARS = {"mpirun": "OMPI_COMM_WORLD_SIZE", "mpich": "PMI_SIZE", "srun": "SLURM_STEP_NUM_TASKS or SLURM_NTASKS",
+               "torchrun": "WORLD_SIZE"}
+
+
+def world_mismatch(info: LaunchInfo, mpi_world: int, torch_backend: bool = False) -> str | None:
+    """Why a launch whose launcher says info.world ranks must not run when MPI sees
+    mpi_world (an MPI that cannot see the job: each process would be a world of its own),
+    and what to do; None when they agree."""
+    if mpi_world == info.world:
+        return None
+    said = (f"{info.launcher} started {info.world} ranks ({_WORLD_VARS.get(info.launcher, 'its variables')}) "
+            f"but MPI sees a world of {mpi_world}")
+    if info.launcher == "srun":
+        fix = ("launch with `srun --mpi=pmix` (`srun --mpi=list` shows the plug-ins) and an MPI built with "
+               "this Slurm's PMIx, or use mpirun inside the allocation")
+    elif info.launcher == "torchrun":
+        fix = "torchrun starts ranks MPI does not know: use mpirun or srun for backend mpi"
+    else:
+        fix = "launch with the mpirun of the MPI that mpi4py was built with"
+    if torch_backend:
+        return (f"{said}, so the ranks cannot agree on a rendezvous over MPI: set MASTER_ADDR (an address of "
+                f"rank 0's host that every host reaches; or --master-addr) and MASTER_PORT, or {fix}")
+    return f"{said}, so each rank would run alone: {fix}"
+
+
 def prepare_torch_env(info: LaunchInfo) -> None:
     """torch.distributed's env:// rendezvous under mpirun/srun: fill RANK etc. and, unless
     both MASTER_ADDR and MASTER_PORT are given, agree over MPI on an address of rank 0's
@@ -129,9 +155,16 @@ def prepare_torch_env(info: LaunchInfo) -> None:
 
         from .rendezvous import agree_master
 
+        why = world_mismatch(info, MPI.COMM_WORLD.Get_size(), torch_backend=True)
+        if why:
+            raise UsageError(why)
         # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
         addr, port = agree_master(MPI.COMM_WORLD, info.rank)
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    elif info.launcher == "srun":
+        raise UsageError(f"srun started {info.world} ranks and mpi4py is not installed to agree on a rendezvous: "
+                         f"set MASTER_ADDR (an address of rank 0's host that every host reaches; or --master-addr) "
+                         f"and MASTER_PORT")
 
 
 def _mpi_importable() -> bool:

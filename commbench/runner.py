@@ -373,6 +373,14 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
         launch.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
     world = backend.init(info)
+    if backend_name == "mpi":
+        # An MPI that cannot see the launcher's job makes each process a world of 1: refused,
+        # or a job of N ranks would run (and be recorded) as N runs of one.
+        why = launch.world_mismatch(info, world.size)
+        if why:
+            from .errors import UsageError
+
+            raise UsageError(why)
     world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
