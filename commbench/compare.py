@@ -24,6 +24,7 @@ import json
 import math
 
 from .analysis import params_key
+from .results import ROW_KEY
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
@@ -530,7 +531,7 @@ def _refuse_duplicates(df) -> None:
 
     if df.empty or "point_key" not in df.columns:
         return
-    dup = df[df.duplicated(["run", "point_key", "stage"], keep=False)]
+    dup = df[df.duplicated(["run", *ROW_KEY], keep=False)]
     if len(dup):
         r = dup.iloc[0]
         raise UsageError(f"run {r['run']} holds point {r['point_key']} ({r['stage'] or 'one stage'}) more than once: "

@@ -30,7 +30,7 @@ SCHEMA_VERSION = 3
 # (moe's stage times, overlap's t_comm ...); these are what every row has.
 ROW_SCHEMA: dict[str, str] = {
     "schema": "row format version (SCHEMA_VERSION)",
-    "point_key": "what identifies the point in its run (point_key())",
+    "point_key": "what identifies the point in its run (point_key()); the rows of one point (one per stage) share it",
     "benchmark": "benchmark name (the registry's)",
     "backend": "mpi, gloo, nccl, or the tool an imported row came from",
     "device": "cpu or cuda",
@@ -99,6 +99,16 @@ def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict,
     """What identifies a point across a run, its variants, its resumption and its imports."""
     key = f"{variant}|{benchmark}|{int(world)}|{int(nbytes)}|{dtype}|{json.dumps(params or {}, sort_keys=True)}"
     return f"{key}|{placement}" if placement else key
+
+
+# What identifies a row in its run: its point and, for a benchmark measured in stages (moe's
+# dispatch and combine), the stage. A point is measured once and its rows are written
+# together, so --resume counts a point done by its point_key; readers find a row twice by both.
+ROW_KEY = ("point_key", "stage")
+
+
+def row_key(row: dict) -> tuple:
+    return row.get("point_key"), row.get("stage") or ""
 
 
 def params_dict(value) -> dict:
@@ -443,8 +453,15 @@ class RunDir:
                 f.write(body + b" " * (size - len(body)))
 
     def append(self, row: dict) -> None:
-        self._rows.write(json.dumps(row, default=float) + "\n")
+        self.append_point([row])
+
+    def append_point(self, rows: list[dict]) -> None:
+        """The rows of one point (one per stage) in one write: a kill between them would leave
+        a point that --resume counts done (point_key) with a stage missing."""
+        data = "".join(json.dumps(r, default=float) + "\n" for r in rows).encode()
         self._rows.flush()
+        while data:  # a regular file takes it whole unless the disk is full (then OSError)
+            data = data[os.write(self._rows.fileno(), data):]
 
     def variant(self, name: str) -> dict:
         return self.meta.setdefault("variants", {}).setdefault(name, {})
@@ -521,8 +538,9 @@ def load(paths, warn=None):
     `run` column names the directory each row came from; `params` is a dict in every row.
 
     A file with lines but no row in it is refused (a text file is not a run); lines that are
-    not rows, and points that appear more than once in one run (two writers, a resume that
-    raced a running run), are said through warn(line) -- stderr by default -- never hidden."""
+    not rows, and rows that appear more than once in one run (the same point and stage, ROW_KEY:
+    two writers, a resume that raced a running run), are said through warn(line) -- stderr by
+    default -- never hidden."""
     import sys
 
     import pandas as pd
@@ -540,7 +558,7 @@ def load(paths, warn=None):
             raise UsageError(f"{f}:{bad[0]}: not a commbench row (no rows in this file)")
         if bad:
             warn(f"{f}: {len(bad)} line(s) are not rows and were skipped (line {bad[0]} first)")
-        keys = [r.get("point_key") for r in rows]
+        keys = [row_key(r) for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
             warn(f"{f}: {dup} point(s) appear more than once")

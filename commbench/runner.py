@@ -506,7 +506,7 @@ def sweep(ctx: RunContext) -> list[dict]:
                     if ctx.is_root:
                         for r in point_rows:
                             add_ceiling(r, ctx.profile, ctx.nodes)
-                            ctx.run_dir.append(r)
+                        ctx.run_dir.append_point(point_rows)
                         rows.extend(point_rows)
                         progress.update(point, point_rows)
             # Ranks outside world w wait here for the others, as long as the sweep takes.
