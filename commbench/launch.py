@@ -305,7 +305,7 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
         from .results import RunDir
 
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
-        RunDir(out_dir).settle(status, interrupted or bool(got), why)
+        RunDir(out_dir).settle(status, interrupted or bool(got), why, launch_id)
     return status
 
 

@@ -503,16 +503,20 @@ class RunDir:
         except (OSError, ValueError):
             pass
 
-    def settle(self, exit_status: int, interrupted: bool, why: str | None = None) -> None:
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None,
+               launch_id: str | None = None) -> None:
         """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
         killed, or the job stopped by the launcher). why: the signal the launcher was
-        stopped by, which the ranks only saw passed on as SIGTERM."""
+        stopped by, which the ranks only saw passed on as SIGTERM. launch_id: the launcher's
+        launch; a `failed` another launch wrote (a resume stopped before its rank 0 reopened
+        the run) is that launch's account and stays."""
         try:
             self.read_meta()
         except (OSError, ValueError):
             return
         status = self.meta.get("status")
-        if interrupted and status in (Status.RUNNING, Status.FAILED):
+        ours = launch_id is None or self.meta.get("launch") == launch_id
+        if interrupted and (status == Status.RUNNING or (status == Status.FAILED and ours)):
             reason = self.meta.get("reason")
             if why:
                 reason = f"{why}" + (f" ({reason})" if reason else "")
