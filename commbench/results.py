@@ -565,7 +565,7 @@ def load(paths, warn=None):
         keys = [row_key(r) for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
-            warn(f"{f}: {dup} point(s) appear more than once")
+            warn(f"{f}: {dup} point(s) appear more than once (rows of the same point_key and stage)")
         df = pd.DataFrame(rows)
         df["run"] = f.parent.name
         frames.append(df)
