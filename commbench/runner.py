@@ -20,6 +20,10 @@ from .units import fmt_size
 
 
 PROBE_BUDGET_S = 30.0
+# Rank 0 writes results.csv and prints the run's tables at the end while the other ranks wait
+# for it in the last agreement: no communication, but on a busy host (pandas and rich
+# imported, a long sweep's analysis) it can outlast a short --timeout, which is meant for one.
+TABLES_BUDGET_S = 60.0
 
 
 def describe(point) -> str:
@@ -523,13 +527,20 @@ def sweep(ctx: RunContext) -> list[dict]:
 def finish(ctx: RunContext, rows: list[dict]) -> int:
     """Mark the run, print its tables (rank 0), and close the backend. Exit status 1 when a
     point failed its data check on any rank."""
-    ctx.guard.arm("finishing")
+    ctx.guard.arm("finishing", TABLES_BUDGET_S)
     failed = [r for r in rows if r["check"] == "fail"]
     rd = ctx.run_dir
     if rd is not None:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
         rd.finish(overall_status(rd.meta["variants"]),
                   f"{len(failed)} point(s) failed the data check" if failed else None)
+
+        # The run is marked and its rows are whole: a rank that hangs from here on (in the
+        # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
+        # still ends the process, and meta.json says why beside the status it keeps.
+        def on_late_fatal(status, reason, rd=rd):
+            rd.note_teardown(reason)
+        ctx.guard.on_fatal = on_late_fatal
         from .report import analysis_tables, print_tables
 
         print_tables(rows)
@@ -540,13 +551,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {len(failed)} point(s) failed the data check", file=sys.stderr, flush=True)
-    if rd is not None:
-        # The run is marked and its rows are whole: a rank that hangs from here on (in the
-        # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
-        # still ends the process, and meta.json says why beside the status it keeps.
-        def on_late_fatal(status, reason, rd=rd):
-            rd.note_teardown(reason)
-        ctx.guard.on_fatal = on_late_fatal
+        # Rank 0 is done with the tables: the last agreement alone is left, and a rank frozen
+        # before it is found at the timeout.
+        ctx.guard.arm("finishing")
     bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
     # MPI_Finalize and a process group's teardown wait for the other ranks: watched too.
     ctx.guard.arm("closing the backend")

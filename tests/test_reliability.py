@@ -201,3 +201,18 @@ def test_resume_of_a_failed_run_runs_longer_than_its_timeout_to_the_end(tmp_path
     assert meta["status"] == "complete", meta
     assert "teardown" not in meta
     assert meta["resumed"][0]["previous_status"] == "failed"
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", pytest.param("gloo", marks=needs_torch)])
+def test_slow_tables_at_the_end_do_not_fail_a_finished_run(tmp_path, backend):
+    """Rank 0 prints the tables after it has marked the run complete, while the other ranks
+    wait for it in the last agreement: printing longer than --timeout (a busy host) is not a
+    hang and must leave the run complete with exit 0."""
+    out = tmp_path / "run"
+    r = run_cli("run", "quick", "--np", "2", "--backend", backend, "-b", "all_reduce", "--sizes", "8,1K",
+                "--iters", "2", "--timeout", "2", "--out", out, timeout=120,
+                env={"COMMBENCH_PLUGINS": "slow_tables_plugin", "COMMBENCH_SLOW_TABLES_S": "5"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = _meta(out)
+    assert meta["status"] == "complete" and "teardown" not in meta, meta
