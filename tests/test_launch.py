@@ -1,3 +1,5 @@
+import pytest
+
 from commbench.core.whoami import detect
 from commbench.run.launch import mpirun_command
 
@@ -76,3 +78,108 @@ def test_a_refusal_under_mpirun_reaches_the_user_once_with_the_cores_busy(tmp_pa
     finally:
         for h in hogs:
             h.kill()
+
+
+def test_the_launcher_takes_only_its_own_launchs_status_for_marked(tmp_path):
+    """meta.json holds the status the previous launch wrote (a resumed failed run, the variant
+    launched before) until rank 0 of this one reopens it: only a status written with this
+    launch's id starts the launcher's drain bound."""
+    import json
+
+    from commbench.run.launch import _marked
+
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"status": "failed", "launch": "1-1", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "complete", "config": {"timeout_s": 3.0}}))  # before launch ids
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "running", "launch": "2-2", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") is None
+    meta.write_text(json.dumps({"status": "failed", "launch": "2-2", "config": {"timeout_s": 3.0}}))
+    assert _marked(tmp_path, "2-2") == 3.0
+
+
+def _srun_env(procid: int, job: str | None = None, **extra) -> dict:
+    """What srun sets for one of 2 tasks, in an environment no other launcher touched (an MPI
+    without PMIx support for this Slurm then sees a world of 1). A job id of its own each
+    time: the ranks of one job print a refusal once per host (launch.say_once)."""
+    import os
+    import uuid
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "PRTE_", "MASTER_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COMMBENCH_TTY")}
+    env.update(SLURM_PROCID=str(procid), SLURM_NTASKS="2", SLURM_JOB_ID=job or uuid.uuid4().hex, SLURM_STEP_ID="0",
+               SLURM_LOCALID=str(procid), PYTHONPATH=str(ROOT / "tests" / "plugins"), **extra)
+    return env
+
+
+def _commbench(args, env, timeout=120):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    return subprocess.run([sys.executable, "-m", "commbench", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+@pytest.mark.parametrize("procid", [0, 1])
+def test_srun_with_an_mpi_that_cannot_see_the_job_is_refused_not_shrunk(tmp_path, backend, procid):
+    """srun says 2 tasks, MPI sees 1: mpi would run as world 1 (recorded as an srun run of 2),
+    gloo would fail inside the rendezvous. Refused in one line that says why and what to do."""
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None or (backend == "gloo" and importlib.util.find_spec("torch") is None):
+        pytest.skip(f"mpi4py{' and torch' if backend == 'gloo' else ''} not installed")
+    out = tmp_path / "run"
+    p = _commbench(["run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", backend, "--out", out],
+                   _srun_env(procid))
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert len(lines) == 1 and lines[0].startswith("commbench: error: "), p.stderr
+    assert "srun" in lines[0] and "2 ranks" in lines[0] and "MPI sees a world of 1" in lines[0], lines[0]
+    assert "srun --mpi=pmix" in lines[0]
+    if backend == "gloo":
+        assert "MASTER_ADDR" in lines[0] and "MASTER_PORT" in lines[0]
+    assert not (out / "rows.jsonl").exists()
+
+
+def test_srun_with_master_addr_runs_gloo_as_the_whole_job(tmp_path):
+    """The way out the refusal names for the torch backends: with MASTER_ADDR and MASTER_PORT
+    given, the 2 tasks srun started meet without MPI and run as one world of 2."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    from commbench.backends.rendezvous import free_port
+    from conftest import ROOT
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch not installed")
+    out, port = tmp_path / "run", free_port()
+    args = [sys.executable, "-m", "commbench", "run", "quick", "-b", "all_reduce", "--sizes", "8,1K", "--iters", "5",
+            "--backend", "gloo", "--out", str(out)]
+    procs = [subprocess.Popen(args, cwd=ROOT, env=_srun_env(r, f"job-{port}", MASTER_ADDR="127.0.0.1",
+                                                            MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    res = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], res
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["world"] == 2 and meta["launcher"] == "srun" and meta["status"] == "complete"
+    assert {json.loads(x)["world"] for x in (out / "rows.jsonl").read_text().splitlines()} == {2}
+
+
+def test_world_mismatch_names_the_launcher_and_the_way_out():
+    from commbench.core.whoami import LaunchInfo, world_mismatch
+
+    assert world_mismatch(LaunchInfo(1, 4, 1, "srun"), 4) is None
+    why = world_mismatch(LaunchInfo(1, 4, 1, "srun"), 1)
+    assert "srun started 4 ranks" in why and "MPI sees a world of 1" in why and "srun --mpi=pmix" in why
+    assert "MASTER_ADDR" not in why
+    assert "MASTER_ADDR" in world_mismatch(LaunchInfo(0, 4, 0, "srun"), 1, torch_backend=True)
+    assert "use mpirun or srun" in world_mismatch(LaunchInfo(0, 2, 0, "torchrun"), 1)

@@ -132,3 +132,36 @@ def test_bad_moe_params_exit_2_before_launch(tmp_path, params, msg):
     r = run_cli(*args, cwd=tmp_path)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "results").exists()
+
+
+@needs_mpi
+def test_a_moe_runs_stages_are_not_taken_for_duplicates_but_a_doubled_row_is(tmp_path):
+    """A MoE point is measured once and kept as one row per stage (dispatch, combine), under
+    one point_key: report, compare and load say nothing about duplicates for a real run, and
+    still say it for a row that really is there twice."""
+    import shutil
+
+    out = tmp_path / "moe"
+    p = run_cli("run", "moe", "--backend", "mpi", "--np", 2, "--iters", 3, "--warmup", 1, "--out", out, *SMALL)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "more than once" not in p.stderr
+    said = []
+    df = load(out, warn=said.append)
+    assert set(df["stage"]) == {"dispatch", "combine"} and df["point_key"].duplicated().any()
+    assert said == []
+    r = run_cli("report", out)
+    assert r.returncode == 0 and "more than once" not in r.stderr, r.stderr
+    again = tmp_path / "moe2"
+    shutil.copytree(out, again)
+    r = run_cli("compare", out, again, "--all")
+    assert r.returncode == 0 and "more than once" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+    lines = (again / "rows.jsonl").read_text().splitlines()
+    (again / "rows.jsonl").write_text("\n".join(lines + lines[1:2]) + "\n")  # one combine row twice
+    said = []
+    load(again, warn=said.append)
+    assert len(said) == 1 and "1 point(s) appear more than once" in said[0], said
+    r = run_cli("report", again)
+    assert "1 point(s) appear more than once" in r.stderr, r.stderr
+    r = run_cli("compare", out, again)
+    assert r.returncode == 2 and "more than once" in r.stderr, r.stderr

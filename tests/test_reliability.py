@@ -163,3 +163,56 @@ def test_an_exception_on_one_rank_ends_every_rank_at_once_with_its_cause(tmp_pat
     assert meta["status"] == "failed", meta
     assert "rank 1" in meta["reason"] and "injected fault on this rank" in meta["reason"], meta["reason"]
     _finished_rows_intact(out)
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", pytest.param("gloo", marks=needs_torch)])
+def test_resume_of_a_failed_run_runs_longer_than_its_timeout_to_the_end(tmp_path, backend):
+    """A run with --timeout 8 loses a rank mid-sweep (failed, rows kept); its resume then
+    measures longer than the launcher's drain bound, max(GRACE_S, timeout): it must not be
+    taken for already marked (meta.json still says `failed` from the first launch until
+    rank 0 reopens it) and stopped, but run every remaining point, each exactly once."""
+    from commbench.run.launch import GRACE_S
+
+    out = tmp_path / "run"
+    sizes = SIZES + ",4M,8M,16M,32M"
+    r = run_cli("run", "quick", "--np", "2", "--backend", backend, "-b", "all_reduce_fault", "--sizes", sizes,
+                "--timeout", "8", "--no-check", "--iters", "2", "--warmup", "1", "--out", out,
+                env=_env(f"kill:1:{FAULT_AT}"), timeout=120)
+    assert r.returncode != 0
+    assert _meta(out)["status"] == "failed"
+    _finished_rows_intact(out)
+
+    # Per point, well under the 8 s watchdog (which a busy host's table printing at the end
+    # must also fit); the 6 points left take 15 s, more than the drain bound.
+    slow_s = 2.5
+    assert 6 * slow_s > max(GRACE_S, 8.0)
+    t0 = time.monotonic()
+    r = run_cli("run", "--resume", out, "--np", "2",
+                env={"COMMBENCH_PLUGINS": "fault_plugin", "COMMBENCH_SLOW_SETUP_S": str(slow_s)}, timeout=180)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert elapsed > 6 * slow_s
+    assert "resume: 2 of 8 points already" in r.stdout
+    assert "after the run was marked" not in r.stderr
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [x["nbytes"] for x in rows] == [8, 1024] + [(1 << 20) << i for i in range(6)]  # each once
+    meta = _meta(out)
+    assert meta["status"] == "complete", meta
+    assert "teardown" not in meta
+    assert meta["resumed"][0]["previous_status"] == "failed"
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", pytest.param("gloo", marks=needs_torch)])
+def test_slow_tables_at_the_end_do_not_fail_a_finished_run(tmp_path, backend):
+    """Rank 0 prints the tables after it has marked the run complete, while the other ranks
+    wait for it in the last agreement: printing longer than --timeout (a busy host) is not a
+    hang and must leave the run complete with exit 0."""
+    out = tmp_path / "run"
+    r = run_cli("run", "quick", "--np", "2", "--backend", backend, "-b", "all_reduce", "--sizes", "8,1K",
+                "--iters", "2", "--timeout", "2", "--out", out, timeout=120,
+                env={"COMMBENCH_PLUGINS": "slow_tables_plugin", "COMMBENCH_SLOW_TABLES_S": "5"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = _meta(out)
+    assert meta["status"] == "complete" and "teardown" not in meta, meta

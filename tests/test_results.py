@@ -90,3 +90,15 @@ def test_overall_status_is_the_worst_variant():
     assert overall_status({"a": {"status": "complete"}, "b": {"status": "check_failed"}}) == "check_failed"
     assert overall_status({"a": {"status": "interrupted"}, "b": {"status": "failed"}}) == Status.FAILED
     assert Status.COMPLETE.finished and not Status.FAILED.finished
+
+
+def test_the_launcher_settles_only_what_its_own_launch_left(tmp_path):
+    """Ctrl-C to a resume before its rank 0 reopened the run: the run's status is still the
+    earlier launch's `failed`, with that launch's reason, and stays so."""
+    rd = RunDir(tmp_path / "run").open({"status": "failed", "reason": "rank 1 lost", "launch": "1-1"})
+    rd.finish(Status.FAILED, "rank 1 lost")
+    RunDir(tmp_path / "run").settle(130, interrupted=True, launch_id="2-2")
+    m = RunDir(tmp_path / "run").read_meta()
+    assert (m["status"], m["reason"]) == ("failed", "rank 1 lost")
+    RunDir(tmp_path / "run").settle(130, interrupted=True, launch_id="1-1")
+    assert RunDir(tmp_path / "run").read_meta()["status"] == "interrupted"

@@ -169,3 +169,26 @@ def test_resume_reruns_only_the_unfinished_variant(tmp_path):
     assert ring["variant_env"].iloc[-1]["OMPI_MCA_coll_tuned_allreduce_algorithm"] == "4"
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["variants"]["ompi-ring"]["status"] == "complete"
+
+
+@needs_mpi
+def test_a_later_variant_runs_longer_than_the_drain_bound_to_its_end(tmp_path):
+    """Each variant is its own launch into one run directory: the `complete` the first one
+    wrote is not the second launch's, which must run its whole sweep (longer than the
+    launcher's drain bound, max(GRACE_S, --timeout)) and not be stopped as already marked."""
+    from commbench.run.launch import GRACE_S
+
+    suite = tmp_path / "v.toml"
+    suite.write_text('benchmarks = ["all_reduce_fault"]\nsizes = ["8", "1K", "4K", "16K", "64K"]\nworlds = [2]\n'
+                     'iters = 2\nwarmup = 1\ntimeout_s = 8\nvariants = ["default", "ompi-ring"]\n')
+    slow_s = 2.5  # per point: 5 points a variant take 12.5 s, past the drain bound
+    assert 5 * slow_s > max(GRACE_S, 8)
+    out = tmp_path / "run"
+    r = run_cli("run", suite, "--np", "2", "--out", out, timeout=300,
+                env={"COMMBENCH_PLUGINS": "fault_plugin", "COMMBENCH_SLOW_SETUP_S": str(slow_s)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "after the run was marked" not in r.stderr
+    df = commbench.load(out)
+    assert sorted(df.groupby("variant").size().items()) == [("default", 5), ("ompi-ring", 5)]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and "teardown" not in meta

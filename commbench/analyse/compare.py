@@ -26,6 +26,7 @@ from commbench.analyse.analysis import params_key
 from commbench.core.errors import UsageError
 from commbench.core.stats import t_quantile
 from commbench.store.results import load
+from commbench.core.schema import ROW_KEY
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
@@ -336,7 +337,7 @@ def _refuse_duplicates(df) -> None:
 
     if df.empty or "point_key" not in df.columns:
         return
-    dup = df[df.duplicated(["run", "point_key", "stage"], keep=False)]
+    dup = df[df.duplicated(["run", *ROW_KEY], keep=False)]
     if len(dup):
         r = dup.iloc[0]
         raise UsageError(f"run {r['run']} holds point {r['point_key']} ({r['stage'] or 'one stage'}) more than once: "

@@ -15,7 +15,7 @@ import os
 import socket
 
 from commbench.core.errors import UsageError
-from commbench.core.whoami import LaunchInfo
+from commbench.core.whoami import LaunchInfo, world_mismatch
 
 # How long a rank waits for rank 0's host to answer a connection: a refusal or a route
 # error comes back at once; silence this long means the packets go nowhere.
@@ -257,9 +257,16 @@ def prepare_torch_env(info: LaunchInfo) -> None:
     if info.launcher in ("mpirun", "mpich") or (info.launcher == "srun" and _mpi_importable()):
         from mpi4py import MPI
 
+        why = world_mismatch(info, MPI.COMM_WORLD.Get_size(), torch_backend=True)
+        if why:
+            raise UsageError(why)
         # Not rank 0's hostname: another host may not resolve it (rendezvous.agree_master).
         addr, port = agree_master(MPI.COMM_WORLD, info.rank)
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    elif info.launcher == "srun":
+        raise UsageError(f"srun started {info.world} ranks and mpi4py is not installed to agree on a rendezvous: "
+                         f"set MASTER_ADDR (an address of rank 0's host that every host reaches; or --master-addr) "
+                         f"and MASTER_PORT")
 
 
 def _mpi_importable() -> bool:

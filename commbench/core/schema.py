@@ -21,7 +21,7 @@ SCHEMA_VERSION = 3
 # (moe's stage times, overlap's t_comm ...); these are what every row has.
 ROW_SCHEMA: dict[str, str] = {
     "schema": "row format version (SCHEMA_VERSION)",
-    "point_key": "what identifies the point in its run (point_key())",
+    "point_key": "what identifies the point in its run (point_key()); the rows of one point (one per stage) share it",
     "benchmark": "benchmark name (the registry's)",
     "backend": "mpi, gloo, nccl, or the tool an imported row came from",
     "device": "cpu or cuda",
@@ -58,6 +58,16 @@ def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict,
     """What identifies a point across a run, its variants, its resumption and its imports."""
     key = f"{variant}|{benchmark}|{int(world)}|{int(nbytes)}|{dtype}|{json.dumps(params or {}, sort_keys=True)}"
     return f"{key}|{placement}" if placement else key
+
+
+# What identifies a row in its run: its point and, for a benchmark measured in stages (moe's
+# dispatch and combine), the stage. A point is measured once and its rows are written
+# together, so --resume counts a point done by its point_key; readers find a row twice by both.
+ROW_KEY = ("point_key", "stage")
+
+
+def row_key(row: dict) -> tuple:
+    return row.get("point_key"), row.get("stage") or ""
 
 
 def params_dict(value) -> dict:

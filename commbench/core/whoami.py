@@ -74,3 +74,27 @@ def find_mpirun() -> str:
     return found
 
 
+# Where each launcher's rank count comes from, for a refusal that names it.
+_WORLD_VARS = {"mpirun": "OMPI_COMM_WORLD_SIZE", "mpich": "PMI_SIZE", "srun": "SLURM_STEP_NUM_TASKS or SLURM_NTASKS",
+               "torchrun": "WORLD_SIZE"}
+
+
+def world_mismatch(info: LaunchInfo, mpi_world: int, torch_backend: bool = False) -> str | None:
+    """Why a launch whose launcher says info.world ranks must not run when MPI sees
+    mpi_world (an MPI that cannot see the job: each process would be a world of its own),
+    and what to do; None when they agree."""
+    if mpi_world == info.world:
+        return None
+    said = (f"{info.launcher} started {info.world} ranks ({_WORLD_VARS.get(info.launcher, 'its variables')}) "
+            f"but MPI sees a world of {mpi_world}")
+    if info.launcher == "srun":
+        fix = ("launch with `srun --mpi=pmix` (`srun --mpi=list` shows the plug-ins) and an MPI built with "
+               "this Slurm's PMIx, or use mpirun inside the allocation")
+    elif info.launcher == "torchrun":
+        fix = "torchrun starts ranks MPI does not know: use mpirun or srun for backend mpi"
+    else:
+        fix = "launch with the mpirun of the MPI that mpi4py was built with"
+    if torch_backend:
+        return (f"{said}, so the ranks cannot agree on a rendezvous over MPI: set MASTER_ADDR (an address of "
+                f"rank 0's host that every host reaches; or --master-addr) and MASTER_PORT, or {fix}")
+    return f"{said}, so each rank would run alone: {fix}"

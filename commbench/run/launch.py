@@ -16,7 +16,18 @@ from commbench.store.results import RunDir
 # Variables that name one launch (a job step), so the ranks of one launch on one host can
 # agree, through a file, on which of them prints a message they all have.
 JOB_KEYS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMI_KVSNAME",
-            "TORCHELASTIC_RUN_ID", "COMMBENCH_LAUNCHER_PID", "MASTER_PORT")
+            "TORCHELASTIC_RUN_ID", "COMMBENCH_LAUNCHER_PID", "COMMBENCH_LAUNCH_ID", "MASTER_PORT")
+# Set by spawn_local: the id of the launch it made. Rank 0 records it in meta.json with every
+# status it writes, so the launcher reads the state of its own launch there, never a state an
+# earlier launch into the same directory (a resume, another variant) left behind.
+LAUNCH_ID_ENV = "COMMBENCH_LAUNCH_ID"
+
+
+def new_launch_id() -> str:
+    """An id no other launch has: a pid alone repeats once the process is gone."""
+    import time
+
+    return f"{os.getpid()}-{time.time_ns()}"
 
 
 def job_key(env=None) -> str | None:
@@ -127,8 +138,10 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     import signal
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
+    launch_id = new_launch_id()
     # The ranks watch this pid: a launcher killed outright (SIGKILL) takes its job with it.
-    base_env = {**os.environ, **(extra_env or {}), "COMMBENCH_LAUNCHER_PID": str(os.getpid())}
+    base_env = {**os.environ, **(extra_env or {}), "COMMBENCH_LAUNCHER_PID": str(os.getpid()),
+                LAUNCH_ID_ENV: launch_id}
     if sys.stdout.isatty():
         # Ranks under mpirun write to a pipe, which mpirun passes on a line at a time: a
         # progress bar (redrawn with "\r", no newline) would show only at the end. Rank 0
@@ -155,14 +168,14 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     previous = {sig: signal.signal(sig, lambda signum, _f: got.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        status = _wait_job(procs, got, out_dir)
+        status = _wait_job(procs, got, out_dir, launch_id)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
     interrupted = status == 130
     if out_dir:
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
-        RunDir(out_dir).settle(status, interrupted or bool(got), why)
+        RunDir(out_dir).settle(status, interrupted or bool(got), why, launch_id)
     return status
 
 
@@ -193,21 +206,23 @@ def _kill_session(p) -> None:
         p.kill()
 
 
-def _marked(out_dir) -> float | None:
-    """The run's watchdog timeout once rank 0 has marked the run finished (complete, failed,
-    check_failed), else None."""
+def _marked(out_dir, launch_id: str) -> float | None:
+    """The run's watchdog timeout once rank 0 of this launch (launch_id) has marked the run
+    finished (complete, failed, check_failed), else None. A status another launch wrote (the
+    failed run a resume continues, the variant launched before this one) is not this
+    launch's: until rank 0 reopens the run it is all meta.json holds."""
     import json
 
     try:
         meta = json.loads((Path(out_dir) / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("status") in (None, "running"):
+    if meta.get("launch") != launch_id or meta.get("status") in (None, "running"):
         return None
     return float((meta.get("config") or {}).get("timeout_s") or 0.0)
 
 
-def _wait_job(procs, got: list[int], out_dir=None) -> int:
+def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "") -> int:
     """Wait for the ranks (or mpirun); stop the rest when one fails, pass on Ctrl-C and the
     signals in `got`, and kill whatever is left GRACE_S after a stop. Once rank 0 has marked
     the run, the job gets its watchdog timeout (at least GRACE_S) to exit: a rank frozen in
@@ -222,7 +237,7 @@ def _wait_job(procs, got: list[int], out_dir=None) -> int:
         try:
             if out_dir and drain_at is None and stop_at is None and time.monotonic() >= next_look:
                 next_look = time.monotonic() + 1.0
-                timeout_s = _marked(out_dir)
+                timeout_s = _marked(out_dir, launch_id)
                 if timeout_s is not None:
                     drain_at = time.monotonic() + max(GRACE_S, timeout_s)
             if drain_at is not None and stop_at is None and time.monotonic() > drain_at:

@@ -15,6 +15,7 @@ from commbench.backends import rendezvous
 from commbench.run import launch, suite as suite_mod
 from commbench.benchmarks import get
 from commbench.core.schema import SCHEMA_VERSION, point_key
+from commbench.core.whoami import world_mismatch
 from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
 from commbench.core.units import fmt_size
@@ -33,6 +34,10 @@ from commbench.report.terminal import analysis_tables, print_tables
 
 
 PROBE_BUDGET_S = 30.0
+# Rank 0 writes results.csv and prints the run's tables at the end while the other ranks wait
+# for it in the last agreement: no communication, but on a busy host (pandas and rich
+# imported, a long sweep's analysis) it can outlast a short --timeout, which is meant for one.
+TABLES_BUDGET_S = 60.0
 
 
 def describe(point) -> str:
@@ -240,6 +245,7 @@ class RunContext:
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
     lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
+    launch_id: str = ""  # this launch's; meta.json carries it beside every status rank 0 writes
 
     @property
     def is_root(self) -> bool:
@@ -299,12 +305,19 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
         rendezvous.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
     world = backend.init(info)
+    if backend_name == "mpi":
+        # An MPI that cannot see the launcher's job makes each process a world of 1: refused,
+        # or a job of N ranks would run (and be recorded) as N runs of one.
+        why = world_mismatch(info, world.size)
+        if why:
+
+            raise UsageError(why)
     world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.
     out_dir = world.allgather_obj(str(out_dir))[0]
-    # One token for this launch, so failure files of an earlier launch into the same
-    # directory (a resume) are not read as this one's.
-    token = world.allgather_obj(f"{os.getpid()}-{time.time_ns()}")[0]
+    # One id for this launch (its launcher's, under `run --np`), so failure files and the
+    # status of an earlier launch into the same directory (a resume) are not taken for this one's.
+    token = world.allgather_obj(os.environ.get(launch.LAUNCH_ID_ENV) or launch.new_launch_id())[0]
     lock = _lock_run_dir(world, out_dir)
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s, launch=token)
     guard.start()
@@ -324,7 +337,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
-                      RunDir(out_dir) if world.rank == 0 else None, lock=lock)
+                      RunDir(out_dir) if world.rank == 0 else None, lock=lock, launch_id=token)
 
 
 def _lock_run_dir(world, out_dir):
@@ -376,6 +389,8 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
             if ctx.backend_name == "mpi" and backend.device == "cpu":
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
+        # From here on the status in meta.json is this launch's (launch._marked reads it so).
+        meta["launch"] = ctx.launch_id
         v = ctx.variant
         rd.meta = meta
         rd.variant(v.name).update(env=v.env, inswitch=v.inswitch, description=v.description,
@@ -424,7 +439,7 @@ def sweep(ctx: RunContext) -> list[dict]:
                     if ctx.is_root:
                         for r in point_rows:
                             add_ceiling(r, ctx.profile, ctx.nodes)
-                            ctx.run_dir.append(r)
+                        ctx.run_dir.append_point(point_rows)
                         rows.extend(point_rows)
                         progress.update(point, point_rows)
             # Ranks outside world w wait here for the others, as long as the sweep takes.
@@ -441,7 +456,7 @@ def sweep(ctx: RunContext) -> list[dict]:
 def finish(ctx: RunContext, rows: list[dict]) -> int:
     """Mark the run, print its tables (rank 0), and close the backend. Exit status 1 when a
     point failed its data check on any rank."""
-    ctx.guard.arm("finishing")
+    ctx.guard.arm("finishing", TABLES_BUDGET_S)
     failed = [r for r in rows if r["check"] == "fail"]
     rd = ctx.run_dir
     if rd is not None:
@@ -454,6 +469,13 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
         rd.finish(overall_status(rd.meta["variants"]), why)
 
+        # The run is marked and its rows are whole: a rank that hangs from here on (in the
+        # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
+        # still ends the process, and meta.json says why beside the status it keeps.
+        def on_late_fatal(status, reason, rd=rd):
+            rd.note_teardown(reason)
+        ctx.guard.on_fatal = on_late_fatal
+
         print_tables(rows)
         analysis_tables(rows)
         for r in rows:
@@ -462,13 +484,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {why}", file=sys.stderr, flush=True)
-    if rd is not None:
-        # The run is marked and its rows are whole: a rank that hangs from here on (in the
-        # last agreement or the backend's teardown) must not re-mark it failed; the watchdog
-        # still ends the process, and meta.json says why beside the status it keeps.
-        def on_late_fatal(status, reason, rd=rd):
-            rd.note_teardown(reason)
-        ctx.guard.on_fatal = on_late_fatal
+        # Rank 0 is done with the tables: the last agreement alone is left, and a rank frozen
+        # before it is found at the timeout.
+        ctx.guard.arm("finishing")
     bad = ctx.world.max_over_ranks(np.array([1.0 if failed else 0.0]))[0] > 0
     # MPI_Finalize and a process group's teardown wait for the other ranks: watched too.
     ctx.guard.arm("closing the backend")

@@ -326,8 +326,15 @@ class RunDir:
                 f.write(body + b" " * (size - len(body)))
 
     def append(self, row: dict) -> None:
-        self._rows.write(json.dumps(row, default=float) + "\n")
+        self.append_point([row])
+
+    def append_point(self, rows: list[dict]) -> None:
+        """The rows of one point (one per stage) in one write: a kill between them would leave
+        a point that --resume counts done (point_key) with a stage missing."""
+        data = "".join(json.dumps(r, default=float) + "\n" for r in rows).encode()
         self._rows.flush()
+        while data:  # a regular file takes it whole unless the disk is full (then OSError)
+            data = data[os.write(self._rows.fileno(), data):]
 
     def variant(self, name: str) -> dict:
         return self.meta.setdefault("variants", {}).setdefault(name, {})
@@ -369,16 +376,20 @@ class RunDir:
         except (OSError, ValueError):
             pass
 
-    def settle(self, exit_status: int, interrupted: bool, why: str | None = None) -> None:
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None,
+               launch_id: str | None = None) -> None:
         """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
         killed, or the job stopped by the launcher). why: the signal the launcher was
-        stopped by, which the ranks only saw passed on as SIGTERM."""
+        stopped by, which the ranks only saw passed on as SIGTERM. launch_id: the launcher's
+        launch; a `failed` another launch wrote (a resume stopped before its rank 0 reopened
+        the run) is that launch's account and stays."""
         try:
             self.read_meta()
         except (OSError, ValueError):
             return
         status = self.meta.get("status")
-        if interrupted and status in (Status.RUNNING, Status.FAILED):
+        ours = launch_id is None or self.meta.get("launch") == launch_id
+        if interrupted and (status == Status.RUNNING or (status == Status.FAILED and ours)):
             reason = self.meta.get("reason")
             if why:
                 reason = f"{why}" + (f" ({reason})" if reason else "")
@@ -404,8 +415,9 @@ def load(paths, warn=None):
     `moe.copies`; flatten_params), so groupby and pivot work on it.
 
     A file with lines but no row in it is refused (a text file is not a run); lines that are
-    not rows, and points that appear more than once in one run (two writers, a resume that
-    raced a running run), are said through warn(line) -- stderr by default -- never hidden."""
+    not rows, and rows that appear more than once in one run (the same point and stage, ROW_KEY:
+    two writers, a resume that raced a running run), are said through warn(line) -- stderr by
+    default -- never hidden."""
     import sys
 
     import pandas as pd
@@ -438,7 +450,7 @@ def load(paths, warn=None):
         keys = [(r.get("point_key"), r.get("stage")) for r in rows]
         dup = len(keys) - len(set(keys))
         if dup:
-            warn(f"{f}: {dup} point(s) appear more than once")
+            warn(f"{f}: {dup} point(s) appear more than once (rows of the same point_key and stage)")
         df = pd.DataFrame(rows)
         df["run"] = f.parent.name
         frames.append(df)

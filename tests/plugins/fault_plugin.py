@@ -5,6 +5,8 @@ makes RANK misbehave at the point of that size:
   kill        SIGKILLs itself in setup (a lost rank)
   raise       raises a Python exception in setup (a plug-in bug on one rank)
   stop_op     SIGSTOPs itself inside the timed operation (a frozen rank at the others' step)
+COMMBENCH_SLOW_SETUP_S=S makes every rank spend S seconds in each point's setup (a sweep whose
+length is known, without a fault).
 """
 import os
 import signal
@@ -27,6 +29,7 @@ class FaultAllReduce(AllReduce):
     name = "all_reduce_fault"
 
     def setup(self, comm, point):
+        time.sleep(float(os.environ.get("COMMBENCH_SLOW_SETUP_S") or 0))
         kind = _fault(comm, point)
         if kind == "hang_setup":
             time.sleep(3600)
