@@ -340,9 +340,9 @@ def test_steps_with_a_host_wait_are_held_around_it():
 
 @needs_torch
 def test_moe_normal_and_hierarchical_stages_are_held_around_their_host_syncs():
-    from commbench.benchmarks.moe import DevicePath
-    from commbench.benchmarks.moe_hier import HierarchicalPath
-    from commbench.benchmarks.moe_ll import LowLatencyPath
+    from commbench.benchmarks.moe.device import DevicePath
+    from commbench.benchmarks.moe.hierarchical import HierarchicalPath
+    from commbench.benchmarks.moe.low_latency import LowLatencyPath
 
     for path in (DevicePath, HierarchicalPath, LowLatencyPath):
         assert path.hold is True

@@ -154,8 +154,8 @@ def test_each_program_holds_one_collective_inside_its_loop():
 
 
 def test_expert_answer_is_the_host_paths_token_value():
-    from commbench.benchmarks.moe_host import token_value
-    from commbench.benchmarks.moe_jax import answer
+    from commbench.benchmarks.moe.host import token_value
+    from commbench.benchmarks.moe.jax_path import answer
 
     src, tok = np.meshgrid(np.arange(9), np.arange(300), indexing="ij")
     assert np.array_equal(answer(src, tok).astype(np.float32), token_value(src, tok))

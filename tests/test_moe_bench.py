@@ -6,7 +6,7 @@ import pytest
 
 import commbench.moe as M
 from commbench.benchmarks.moe import MoE
-from commbench.benchmarks.moe_host import _bf16, _from_bf16, reduce_bf16_rows, regroup_perm, send_order, token_value
+from commbench.benchmarks.moe.host import _bf16, _from_bf16, reduce_bf16_rows, regroup_perm, send_order, token_value
 from commbench.store.results import load
 from conftest import needs_mpi, needs_torch, run_cli
 

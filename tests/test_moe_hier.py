@@ -1,4 +1,4 @@
-"""The moe benchmark's hierarchical path (benchmarks/moe_hier.py, backends/torch_moe_hier.py):
+"""The moe benchmark's hierarchical path (benchmarks/moe/hierarchical.py, backends/moe/torch_hierarchical.py):
 gloo ranks through the CLI as two 'nodes' of two ranks on this host, checks on, and the
 bytes per tier against commbench.moe.accounting.hierarchical_rows recomputed here from the
 seeded routing."""
@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 from conftest import run_cli
 
 import commbench.moe as M
-from commbench.backends.torch_moe_hier import block_index
-from commbench.benchmarks.moe_host import regroup_perm
+from commbench.backends.moe.torch_hierarchical import block_index
+from commbench.benchmarks.moe.host import regroup_perm
 from commbench.moe.accounting import hierarchical_rows
 from commbench.store.results import load
 

@@ -1,4 +1,4 @@
-"""The moe benchmark's torch path (backends/torch_moe.py): its pure pieces against the host
+"""The moe benchmark's torch path (backends/moe/torch_normal.py): its pure pieces against the host
 path's numpy reference, a whole exchange of several ranks simulated in one process, the
 engine at world 1 in-process, and gloo ranks through the CLI, faults included."""
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import commbench.moe as M
-from commbench.backends import torch_moe as tm
-from commbench.benchmarks.moe_host import regroup_perm, send_order
+from commbench.backends.moe import torch_normal as tm
+from commbench.benchmarks.moe.host import regroup_perm, send_order
 from commbench.store.results import load
 from conftest import run_cli
 
@@ -193,10 +193,41 @@ def test_benchmark_runs_the_engine_at_world_1(gloo_world1, copies):
     b.path.release(comm, b)
 
 
-def test_device_moe_hooks():
+def test_the_benchmark_picks_one_engine_per_comm_and_kind_the_comm_knows_no_moe():
     from commbench.backends.base import Comm
+    from commbench.backends.moe.torch_hierarchical import HierMoE
+    from commbench.backends.moe.torch_low_latency import LowLatencyMoE
+    from commbench.benchmarks.moe import MoE
+    from commbench.benchmarks.moe.device import DevicePath
+    from commbench.benchmarks.moe.engines import engine
+    from commbench.benchmarks.moe.hierarchical import HierarchicalPath
+    from commbench.benchmarks.moe.host import HostPath
+    from commbench.benchmarks.moe.low_latency import LowLatencyPath
 
-    assert Comm(0, 1).device_moe() is None  # the host path
+    # The backend interface speaks of collectives only.
+    assert not [name for name in dir(Comm) if "moe" in name.lower()]
+    host = Comm(0, 1)
+    host.backend = "mpi"
+    assert engine(host) is None and isinstance(MoE.path(host, {"mode": "normal", "path": "flat"}), HostPath)
+
+    class TorchLike(Comm):  # what the torch engines read of a TorchComm
+        backend, tdev = "gloo", torch.device("cpu")
+    a, b = TorchLike(0, 1), TorchLike(0, 1)
+    normal = engine(a)
+    assert isinstance(normal, tm.TorchMoE) and engine(a) is normal and engine(a, "normal") is normal
+    assert engine(b) is not normal  # one engine per comm
+    ll, hier = engine(a, "low_latency"), engine(a, "hierarchical")
+    assert isinstance(ll, LowLatencyMoE) and isinstance(hier, HierMoE)
+    assert ll.engine is normal and hier.engine is normal  # built on the comm's normal engine
+    assert engine(a, "low_latency") is ll and engine(a, "hierarchical") is hier
+    chosen = {kind: MoE.path(a, {"mode": mode, "path": path})
+              for kind, mode, path in (("normal", "normal", "flat"), ("low_latency", "low_latency", "flat"),
+                                       ("hierarchical", "normal", "hierarchical"))}
+    assert isinstance(chosen["normal"], DevicePath) and chosen["normal"].engine is normal
+    assert isinstance(chosen["low_latency"], LowLatencyPath) and chosen["low_latency"].engine is ll
+    assert isinstance(chosen["hierarchical"], HierarchicalPath) and chosen["hierarchical"].engine is hier
+    with pytest.raises(ValueError, match="unknown moe engine kind"):
+        engine(a, "mesh")
 
 
 def test_moe_is_refused_only_where_it_cannot_run():

@@ -119,12 +119,6 @@ class Comm:
                         stage_send, stage_recv) -> RowsExchange:
         return RowsExchange(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
-    def device_moe(self, kind: str = "normal"):
-        """The backend's MoE dispatch/combine engine on its own tensors, for kind normal,
-        low_latency or hierarchical (torch: backends/torch_moe*.py), or None: the moe
-        benchmark then packs rows on the host."""
-        return None
-
     # --- non-blocking -----------------------------------------------------------
     def iall_reduce(self, send, recv) -> Handle: raise NotImplementedError
 

@@ -34,7 +34,6 @@ from commbench.core.errors import UsageError
 from .base import Comm, Handle
 from commbench.backends.mpi import aligned_empty
 from commbench.backends.rendezvous import prepare_torch_env
-from commbench.backends.jax_moe import JaxMoE
 from commbench.backends.rendezvous import prepare_rendezvous
 
 AXIS = "ranks"  # the mesh axis every collective names
@@ -391,15 +390,6 @@ class JaxComm(Comm):
 
     def rows_all_to_all(self, *args, **kwargs):
         raise UsageError("backend jax moves MoE rows with its own engine (jax.lax.ragged_all_to_all)")
-
-    def device_moe(self, kind: str = "normal"):
-        """The MoE engine over jax.lax.ragged_all_to_all (backends/jax_moe.py), normal mode,
-        flat path only (moe's refusal says so before any rank starts)."""
-        if kind != "normal":
-            raise UsageError(f"backend jax: moe {kind} is not implemented (mode=normal, path=flat only)")
-        if getattr(self, "_moe", None) is None:
-            self._moe = JaxMoE(self)
-        return self._moe
 
     # --- control -----------------------------------------------------------------------
     def barrier(self) -> None:

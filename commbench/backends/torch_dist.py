@@ -157,24 +157,6 @@ class TorchComm(Comm):
         work = self.dist.all_reduce(recv, group=self.group, async_op=True)
         return Handle(work.wait, work.is_completed)
 
-    def device_moe(self, kind: str = "normal"):
-        """The device-side MoE engine (the same code on gloo's CPU tensors and nccl's CUDA
-        ones), made on first use: normal (torch_moe), or the low_latency (torch_moe_ll) or
-        hierarchical (torch_moe_hier) one built on it."""
-        if getattr(self, "_moe", None) is None:
-            from .torch_moe import TorchMoE
-
-            self._moe = TorchMoE(self)
-        if kind == "low_latency":
-            from .torch_moe_ll import LowLatencyMoE
-
-            return LowLatencyMoE(self._moe)
-        if kind == "hierarchical":
-            from .torch_moe_hier import HierMoE
-
-            return HierMoE(self._moe)
-        return self._moe
-
     # --- control ----------------------------------------------------------------
     def sync(self):
         if self.device == "cuda":

@@ -11,7 +11,7 @@ import numpy as np
 
 from commbench.benchmarks.base import register
 from commbench.benchmarks.collectives import AllGather, AllReduce
-from commbench.benchmarks.moe_host import _no_lap
+from commbench.benchmarks.moe.host import _no_lap
 from jax_ragged_plugin import MoEJaxEmulated
 
 

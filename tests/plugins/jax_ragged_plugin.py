@@ -5,7 +5,8 @@ sender gave), so the engine's layout, offsets, packing, regrouping and reduction
 checks on, on the loopback. Rows say `exchange = emulated_ragged_all_to_all`."""
 from commbench.benchmarks.base import register
 from commbench.benchmarks.moe import MoE
-from commbench.benchmarks.moe_jax import JaxPath
+from commbench.benchmarks.moe.engines import engine
+from commbench.benchmarks.moe.jax_path import JaxPath
 
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
@@ -35,6 +36,6 @@ class MoEJaxEmulated(MoE):
         return None if backend == "jax" else f"{self.name} runs on the jax backend only"
 
     def path(self, comm, params):
-        path = JaxPath(comm.device_moe())
+        path = JaxPath(engine(comm))
         path.engine.ragged = emulated_ragged_all_to_all
         return path

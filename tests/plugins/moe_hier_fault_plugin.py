@@ -3,7 +3,7 @@ forwarder for rank 0's tokens at --ranks-per-node 2) zeroes the payload of the f
 that reached it, before forwarding. The check must fail at the destinations."""
 from commbench.benchmarks.base import register
 from commbench.benchmarks.moe import MoE
-from commbench.benchmarks.moe_host import _no_lap
+from commbench.benchmarks.moe.host import _no_lap
 
 
 @register

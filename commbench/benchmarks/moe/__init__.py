@@ -7,10 +7,10 @@ and reduces them at the source. Both are timed separately, with their stages.
 
 Two implementations of the same exchange (rows say which ran, in `engine`):
 
-- torch (Comm.device_moe(): gloo on CPU tensors, nccl on CUDA tensors, one code,
-  backends/torch_moe.py): layout, counts, sync, pack, a2a, unpack on the device; fp8 rows
+- torch (gloo on CPU tensors, nccl on CUDA tensors, one code,
+  backends/moe/torch_normal.py): layout, counts, sync, pack, a2a, unpack on the device; fp8 rows
   are a float8_e4m3fn payload plus fp32 scales, quantised from bf16 activations;
-- host (mpi): numpy layout and reduction, rows moved by one MPI_Alltoallw (moe_host.py).
+- host (mpi): numpy layout and reduction, rows moved by one MPI_Alltoallw (host.py).
 
   dispatch: layout (routing -> per-rank counts and row order), counts (all_to_all of the
             counts), sync (torch: the split sizes to the host), pack (rows into send
@@ -24,8 +24,16 @@ Payloads travel as raw bytes (uint8): fp8 is H + H/32 bytes a token (e4m3 plus o
 scale per 128 elements), bf16 2H; gloo and MPI have no fp8 type and dispatch does no
 arithmetic, so nccl carries bytes too. Rows say so in `payload_carried_as`.
 
-A benchmark never imports torch: the device path is the engine the communicator hands out,
-driven here, and checked against expectations computed here from the regenerated routing.
+A benchmark never imports torch at import time: the device path is an engine of
+backends/moe/ (engines.py picks it for the comm and imports it when first asked), driven
+here, and checked against expectations computed here from the regenerated routing.
+
+The benchmark is a package because its paths are one job seen from several backends:
+this module holds what every path shares (parameters, plan, measurement, a point's shape),
+and each path drives its engine stage by stage in a module of its own, in the order a
+reader meets them: host.py (the host path and the base every path extends), device.py
+(torch, normal mode), low_latency.py, hierarchical.py, jax_path.py; engines.py picks the
+engine for the comm.
 """
 from __future__ import annotations
 
@@ -34,13 +42,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import moe as M
+from commbench import moe as M
 from commbench.core.errors import UsageError
-from .base import Benchmark, Param, Traffic, register
-from .moe_hier import HierarchicalPath
-from .moe_host import HEADER, EnginePath, HostPath, _no_lap, regroup_perm, send_order
-from .moe_ll import LowLatencyPath
-from commbench.benchmarks.moe_jax import JaxPath, refusal
+from ..base import Benchmark, Param, Traffic, register
+from .device import DevicePath
+from .engines import engine, has_engine
+from .hierarchical import HierarchicalPath
+from .host import HEADER, HostPath, _no_lap, send_order
+from .low_latency import LowLatencyPath
+from .jax_path import JaxPath, refusal
 
 MODES = ("normal", "low_latency")
 PATHS = ("flat", "hierarchical")
@@ -73,60 +83,6 @@ class MoEPlan:
         p, world = self.point.params, self.matrix.shape[0]
         r = self.routing_for(src)
         return send_order(M.dispatch_layout(r.topk_idx, p["experts"], world, p["copies"], weights=r.weights))
-
-
-@dataclass
-class DeviceBufs:
-    plan: MoEPlan
-    state: object             # the engine's MoEState: device buffers and the last plan
-    path: object
-    pack_method: str
-
-
-class DevicePath(EnginePath):
-    """The torch engine (backends/torch_moe.py) driven stage by stage; its checks get their
-    expectations from the host's regenerated layouts, an implementation independent of
-    the device layout they check."""
-
-    name = "torch"
-    dispatch_stages = ("layout", "counts", "sync", "pack", "a2a", "unpack")
-    combine_stages = ("pack", "a2a", "reduce")
-    # Held on a device: only the sync stage reads the device on the host (.tolist()).
-    hold = True
-    host_waits = {"dispatch": ("sync",)}
-
-    def setup(self, comm, plan: MoEPlan) -> DeviceBufs:
-        p = plan.point.params
-        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["copies"], p["hidden"], p["dispatch_dtype"],
-                               plan.layout.num_rows, plan.n_recv)
-        return DeviceBufs(plan, st, self, self.engine.method)
-
-
-
-
-
-
-    def row_info(self, b: DeviceBufs) -> dict:
-        return {"cpu_threads": b.state.cpu_threads}
-
-    def check(self, comm, b: DeviceBufs) -> bool:
-        """The host path's checks: the exchanged counts (per expert, for expert copies),
-        every received row in place (grouped by source, each source's rows in its send
-        order; regrouped by expert for expert copies), and combine(dispatch(x)) through
-        identity experts = x times the copies (rank, exact) or the weight sum (expert)."""
-        plan, eng = b.plan, self.engine
-        world, me, local = comm.size, comm.rank, plan.local
-        expert = plan.point.params["copies"] == "expert"
-        counts, sources = [], []
-        for src in range(world):
-            lay = plan.source_layout(src)
-            off = lay.send_offsets
-            sources.append((src, lay.send_token_idx[off[me]:off[me + 1]]))
-            counts.append(lay.tokens_per_expert[me * local:(me + 1) * local] if expert else lay.send_counts[me:me + 1])
-        counts = np.array(counts, dtype=np.int64).reshape(world, local)
-        return (eng.check_counts(b.state, counts)
-                and eng.check_rows(b.state, sources, regroup_perm(counts) if expert else None)
-                and eng.check_combine(b.state, M.combine_factor(plan.layout, expert), expert))
 
 
 @register
@@ -221,7 +177,7 @@ class MoE(Benchmark):
         odd = [f"{k}={v}" for k, v in asked.items() if (v if isinstance(v, list) else [v]) != [self.params[k].default]]
         if backend in self.host_only_on and odd:
             return f"moe {', '.join(odd)} runs on the device path (gloo, nccl), not on {backend}"
-        if backend == "jax":  # its own engine, over ragged_all_to_all where that runs (moe_jax.py)
+        if backend == "jax":  # its own engine, over ragged_all_to_all where that runs (jax_path.py)
             return refusal(device, odd)
         return None
 
@@ -281,17 +237,17 @@ class MoE(Benchmark):
     # --- setup ------------------------------------------------------------------
     @staticmethod
     def path(comm, params: dict):
-        """The device path where the backend has one (torch: gloo, nccl), in the mode and
-        path asked; else the host path (refused for anything but flat normal: refusal())."""
-        if comm.backend == "jax":  # stages of its own, no host sync (moe_jax.py); flat normal only
-            return JaxPath(comm.device_moe())
-        if comm.device_moe() is None:
+        """The device path where the backend has an engine (engines.py; torch: gloo, nccl),
+        in the mode and path asked; else the host path (refused for anything but flat normal: refusal())."""
+        if comm.backend == "jax":  # stages of its own, no host sync (jax_path.py); flat normal only
+            return JaxPath(engine(comm))
+        if not has_engine(comm):
             return HostPath()
         if params["mode"] == "low_latency":
-            return LowLatencyPath(comm.device_moe("low_latency"))
+            return LowLatencyPath(engine(comm, "low_latency"))
         if params["path"] == "hierarchical":
-            return HierarchicalPath(comm.device_moe("hierarchical"))
-        return DevicePath(comm.device_moe())
+            return HierarchicalPath(engine(comm, "hierarchical"))
+        return DevicePath(engine(comm))
 
     def setup(self, comm, point):
         p, world, rank = point.params, comm.size, comm.rank

@@ -1,14 +1,14 @@
 """The moe benchmark's low-latency mode (mode=low_latency, DeepEP's decode kernels): the
-device engine of backends/torch_moe_ll.py driven stage by stage, its byte accounting
-(padded bytes beside useful ones) and its checks against the host's regenerated routing."""
+device engine of backends/moe/torch_low_latency.py driven stage by stage, its byte
+accounting (padded bytes beside useful ones) and its checks against the host's regenerated routing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import moe as M
-from .moe_host import EnginePath
+from commbench import moe as M
+from .host import EnginePath
 
 
 @dataclass

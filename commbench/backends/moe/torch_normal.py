@@ -283,7 +283,8 @@ class MoEState(StateRows):
 
 
 class TorchMoE:
-    """The device-side MoE engine TorchComm.device_moe() hands out. setup() once per point,
+    """The device-side MoE engine the moe benchmark drives on a torch comm (one per comm,
+    benchmarks/moe/engines.py). setup() once per point,
     then dispatch(st, lap) / experts(st) / combine(st, lap), each stage also a method of its
     own; check_* compare on the device against expectations the caller computed on the
     host from the regenerated routing."""

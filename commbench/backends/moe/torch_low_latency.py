@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .torch_moe import count, decode_rows, reduce_rows, row_nbytes, token_activations, token_rows
+from .torch_normal import count, decode_rows, reduce_rows, row_nbytes, token_activations, token_rows
 
 HEADER_NBYTES = 8  # an int64 row count at the start of each region's header row
 

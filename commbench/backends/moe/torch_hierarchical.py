@@ -40,13 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .torch_moe import (
+from .torch_normal import (
     StateRows,
     chunk_rows,
     count,
     decode_rows,
     reduce_rows,
     row_nbytes,
+    token_activations,
     token_rows,
 )
 
@@ -316,8 +317,6 @@ class HierMoE:
         """x times `factor` per token: exactly for rank copies (the partial sums are small
         integers times a power of two, exact in bf16); for expert copies each node's
         weighted partial sum crosses the first tier once in bf16, so within 2^-8."""
-        from .torch_moe import token_activations
-
         x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.num_tokens, st.hidden)
         f = torch.as_tensor(np.asarray(factor, dtype=np.float64)).to(self.device)
         expect = (x.to(torch.float64) * f.unsqueeze(1)).to(torch.float32)

@@ -3,7 +3,7 @@ dispatch, two tiers. A token bound for another node crosses the scale-out tier o
 (token, destination node), to the rank of that node with the sender's local index, which
 forwards it over the scale-up tier to the destination ranks of its node; combine reverses
 it, the forwarder summing its node's partial rows before one row goes back. The data path
-is backends/torch_moe_hier.py, reached through the engine (no torch here).
+is backends/moe/torch_hierarchical.py, reached through the engine (no torch here).
 
 Bytes per tier are commbench.moe.accounting.hierarchical_rows' rows times the row bytes;
 rows carry the flat path's scale-out and scale-up bytes for the same routing beside them
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import moe as M
-from ..moe.accounting import forwarder, hierarchical_rows
-from .moe_host import EnginePath, regroup_perm
+from commbench import moe as M
+from commbench.moe.accounting import forwarder, hierarchical_rows
+from .host import EnginePath, regroup_perm
 
 
 def node_indices(comm) -> np.ndarray:

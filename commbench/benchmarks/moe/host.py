@@ -1,6 +1,6 @@
 """The moe benchmark's host path: numpy layout, packing and reduction around the backend's
-row exchange (one MPI_Alltoallw on mpi). It runs where the backend has no device path
-(Comm.device_moe() is None): mpi, on CPU buffers.
+row exchange (one MPI_Alltoallw on mpi). It runs where the backend has no device engine
+(engines.py): mpi, on CPU buffers.
 
 Rows are raw bytes: a header naming (source rank, token), then bytes that depend on both,
 so any misplaced or torn row shows; the identity experts answer each row with its token's
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import moe as M
+from commbench import moe as M
 from commbench.core.errors import UsageError
 from commbench.core.units import INT_MAX
 
@@ -154,8 +154,8 @@ class ExchangePath:
 
 
 class EnginePath(ExchangePath):
-    """A path driving a device engine (the communicator's): every stage is the engine's, on
-    the state its setup made (b.state)."""
+    """A path driving a device engine (backends/moe/, picked for the comm by engines.py):
+    every stage is the engine's, on the state its setup made (b.state)."""
 
     def __init__(self, engine):
         self.engine = engine

@@ -1,6 +1,6 @@
-"""The moe benchmark's jax path: the backend's engine (backends/jax_moe.py) moves the rows
-with jax.lax.ragged_all_to_all; the routing, layouts, byte accounting and checks are the
-ones every path shares. Rows are the host path's (moe_host.make_x: a header naming source
+"""The moe benchmark's jax path: the jax engine (backends/moe/jax_normal.py) moves the
+rows with jax.lax.ragged_all_to_all; the routing, layouts, byte accounting and checks are the
+ones every path shares. Rows are the host path's (host.make_x: a header naming source
 rank and token, then bytes that depend on both), and the identity experts answer each row
 with its token's value in bf16, so the checks are the host path's: the exchanged counts,
 every received row in order, and combine(dispatch(x)) = x times the copies (rank copies,
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import moe as M
-from .moe_host import EnginePath, make_x, regroup_perm, token_value
+from commbench import moe as M
+from .host import EnginePath, make_x, regroup_perm, token_value
 from commbench.backends import availability
 from commbench.backends.jax_dist import ragged_all_to_all_support
 
 
 def answer(src, token):
-    """moe_host.token_value in operations jax.numpy and numpy share (the experts compute
+    """host.token_value in operations jax.numpy and numpy share (the experts compute
     it on the device from each row's header)."""
     return 1 + (src * 31 + token) % 61
 
