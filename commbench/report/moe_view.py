@@ -1,7 +1,7 @@
 """How moe rows are shown: the terminal table, the report section, the figures against
 tokens and against routing skew, and weak scaling in tokens per second per rank. Called
 through report/views.py for the MoE benchmark; its shape in words and scaling measure are
-the benchmark's own (benchmarks/moe.py)."""
+the benchmark's own (benchmarks/moe/)."""
 from __future__ import annotations
 
 import json
