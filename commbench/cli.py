@@ -382,7 +382,7 @@ def cmd_run(args, argv: list[str]) -> int:
 
         lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
         if args.variant is None and vplan.names == ["default"]:
-            return launch.spawn_local(args.np, backend, child, out_dir=out)
+            return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s)
         from commbench.run.launch_variants import run_variants
 
         return run_variants(vplan, args.np, backend, child, out, cfg)

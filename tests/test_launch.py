@@ -80,23 +80,41 @@ def test_a_refusal_under_mpirun_reaches_the_user_once_with_the_cores_busy(tmp_pa
             h.kill()
 
 
-def test_the_launcher_takes_only_its_own_launchs_status_for_marked(tmp_path):
+def test_the_launcher_learns_that_the_run_is_marked_from_its_own_launch_not_from_meta_json(tmp_path, monkeypatch):
     """meta.json holds the status the previous launch wrote (a resumed failed run, the variant
-    launched before) until rank 0 of this one reopens it: only a status written with this
-    launch's id starts the launcher's drain bound."""
+    launched before) until rank 0 of this one reopens it: the launcher's drain bound starts
+    only when rank 0 of its own launch says the run is marked, whatever meta.json says."""
     import json
+    import subprocess
+    import sys
+    import time
 
-    from commbench.run.launch import _marked
+    from commbench.run import launch
 
-    meta = tmp_path / "meta.json"
-    meta.write_text(json.dumps({"status": "failed", "launch": "1-1", "config": {"timeout_s": 3.0}}))
-    assert _marked(tmp_path, "2-2") is None
-    meta.write_text(json.dumps({"status": "complete", "config": {"timeout_s": 3.0}}))  # before launch ids
-    assert _marked(tmp_path, "2-2") is None
-    meta.write_text(json.dumps({"status": "running", "launch": "2-2", "config": {"timeout_s": 3.0}}))
-    assert _marked(tmp_path, "2-2") is None
-    meta.write_text(json.dumps({"status": "failed", "launch": "2-2", "config": {"timeout_s": 3.0}}))
-    assert _marked(tmp_path, "2-2") == 3.0
+    # A "rank" that lingers 30 s: with a meta.json that says failed (an earlier launch's),
+    # the launcher must keep waiting; once its own rank 0 says marked, the drain bound
+    # (GRACE_S, timeout 0) stops it.
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "failed", "config": {"timeout_s": 0.5}}))
+    monkeypatch.setattr(launch, "GRACE_S", 1.0)
+    lid = launch.new_launch_id()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        import threading
+
+        def say():
+            time.sleep(3.0)
+            monkeypatch.setenv(launch.LAUNCH_ID_ENV, lid)
+            launch.say_marked()
+        threading.Thread(target=say, daemon=True).start()
+        status = launch._wait_job([p], [], str(tmp_path), lid, timeout_s=0.5)
+    finally:
+        p.kill()
+        launch.marked_path(lid).unlink(missing_ok=True)
+    took = time.monotonic() - t0
+    assert status == launch.EXIT_TEARDOWN_HUNG
+    assert took >= 3.0, "the drain bound started from meta.json's status, not from the launch's own rank 0"
+    assert took < 15.0
 
 
 def _srun_env(procid: int, job: str | None = None, **extra) -> dict:

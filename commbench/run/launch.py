@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from commbench.backends.rendezvous import free_port
@@ -28,6 +30,25 @@ def new_launch_id() -> str:
     import time
 
     return f"{os.getpid()}-{time.time_ns()}"
+
+
+def marked_path(launch_id: str) -> Path:
+    """Where rank 0 of a launch tells its launcher that the run is marked: a file named by
+    the launch, so a status an earlier launch left in meta.json (the failed run a resume
+    continues, the variant launched before) never reads as this launch's."""
+    return Path(tempfile.gettempdir()) / f"commbench-marked-{launch_id}"
+
+
+def say_marked() -> None:
+    """Rank 0: the run is marked (complete, failed, interrupted); the launcher that started
+    this launch now gives the ranks the run's timeout to exit. Nothing to do under a
+    launcher of another tool."""
+    launch_id = os.environ.get(LAUNCH_ID_ENV, "")
+    if launch_id and all(c.isalnum() or c == "-" for c in launch_id):
+        try:
+            marked_path(launch_id).touch()
+        except OSError:
+            pass
 
 
 def job_key(env=None) -> str | None:
@@ -127,14 +148,15 @@ def check_local_ranks(np_: int) -> None:
 
 
 def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None,
-                extra_env: dict | None = None) -> int:
+                extra_env: dict | None = None, timeout_s: float = 0.0) -> int:
     """Start np_ ranks on this host and wait; returns the worst exit status.
 
     mpi: one mpirun, which ends the job when a rank dies. gloo/nccl: np_ processes; when
     one exits non-zero the others would wait on it forever, so they are stopped. Ctrl-C
     (SIGINT to this launcher) is passed to the ranks, which mark the run interrupted. At
     the end the run's meta.json is checked: a run whose rank 0 died before it could say
-    so is marked failed here."""
+    so is marked failed here. timeout_s: the run's watchdog timeout, which the job gets to
+    exit once its rank 0 has marked the run (marked_path)."""
     import signal
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
@@ -168,14 +190,16 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     previous = {sig: signal.signal(sig, lambda signum, _f: got.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        status = _wait_job(procs, got, out_dir, launch_id)
+        status = _wait_job(procs, got, out_dir, launch_id, timeout_s)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
     interrupted = status == 130
+    marked = marked_path(launch_id)
     if out_dir:
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
-        RunDir(out_dir).settle(status, interrupted or bool(got), why, launch_id)
+        RunDir(out_dir).settle(status, interrupted or bool(got), why, marked=marked.exists())
+    marked.unlink(missing_ok=True)
     return status
 
 
@@ -206,30 +230,15 @@ def _kill_session(p) -> None:
         p.kill()
 
 
-def _marked(out_dir, launch_id: str) -> float | None:
-    """The run's watchdog timeout once rank 0 of this launch (launch_id) has marked the run
-    finished (complete, failed, check_failed), else None. A status another launch wrote (the
-    failed run a resume continues, the variant launched before this one) is not this
-    launch's: until rank 0 reopens the run it is all meta.json holds."""
-    import json
-
-    try:
-        meta = json.loads((Path(out_dir) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("launch") != launch_id or meta.get("status") in (None, "running"):
-        return None
-    return float((meta.get("config") or {}).get("timeout_s") or 0.0)
-
-
-def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "") -> int:
+def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "", timeout_s: float = 0.0) -> int:
     """Wait for the ranks (or mpirun); stop the rest when one fails, pass on Ctrl-C and the
     signals in `got`, and kill whatever is left GRACE_S after a stop. Once rank 0 has marked
     the run, the job gets its watchdog timeout (at least GRACE_S) to exit: a rank frozen in
     the teardown (where no rank's watchdog can reach it: mpirun waits for the frozen one
-    after the others exit cleanly) is then stopped like any other. Returns the status."""
+    after the others exit cleanly) is then stopped like any other. What the launcher knows
+    of the run it learns from its own launch: the timeout it was given, and the marker its
+    rank 0 leaves (marked_path), never a status in meta.json. Returns the status."""
     import signal
-    import time
 
     interrupted, status, stop_at, forwarded = False, 0, None, None
     drain_at, next_look = None, 0.0
@@ -237,8 +246,7 @@ def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "") -> int:
         try:
             if out_dir and drain_at is None and stop_at is None and time.monotonic() >= next_look:
                 next_look = time.monotonic() + 1.0
-                timeout_s = _marked(out_dir, launch_id)
-                if timeout_s is not None:
+                if launch_id and marked_path(launch_id).exists():
                     drain_at = time.monotonic() + max(GRACE_S, timeout_s)
             if drain_at is not None and stop_at is None and time.monotonic() > drain_at:
                 why = f"ranks had not exited {max(GRACE_S, timeout_s):g} s after the run was marked: stopped"

@@ -87,7 +87,8 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
                        NCCL_DEBUG_FILE=f"{out}/nccl-debug-{v.name}.%h.%p.log")
         shown = " ".join(f"{k}={x}" for k, x in v.env.items()) or "(no settings)"
         print(f"variant {v.name}: {v.description}: {shown}", flush=True)
-        rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env)
+        rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env,
+                                timeout_s=cfg.timeout_s)
         library[v.name] = library_report(v, backend, np_, out)
         if library[v.name].get("mismatch"):
             print(f"variant {v.name}: asked for {library[v.name]['asked']} but the library used "
@@ -114,7 +115,8 @@ def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: l
     status = 0
     for name in names:
         child = child_argv + ([] if one_named else ["--variant", name])
-        status = launch.spawn_local(np_, backend, child, out_dir=out, extra_env=lookup(cfg, name).env) or status
+        status = launch.spawn_local(np_, backend, child, out_dir=out, extra_env=lookup(cfg, name).env,
+                                    timeout_s=cfg.timeout_s) or status
         if status == 130:
             break
     return status

@@ -336,8 +336,11 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
         prof_meta = prior
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
-    return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
-                      RunDir(out_dir) if world.rank == 0 else None, lock=lock, launch_id=token)
+    rd = RunDir(out_dir) if world.rank == 0 else None
+    if rd is not None:
+        rd.on_marked = launch.say_marked  # the launcher's drain bound starts when the run is marked
+    return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta, rd,
+                      lock=lock, launch_id=token)
 
 
 def _lock_run_dir(world, out_dir):

@@ -256,6 +256,8 @@ class RunDir:
         self.dir = Path(path)
         self.meta: dict = {}
         self._rows = None
+        # Called once finish() has written the run's final status (rank 0 tells its launcher).
+        self.on_marked = None
 
     @property
     def rows_path(self) -> Path:
@@ -355,6 +357,8 @@ class RunDir:
                 pass
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.set_status(status, reason)
+        if self.on_marked is not None:  # the launcher's drain bound starts here (run.launch)
+            self.on_marked()
         self.write_csv()
 
     def write_csv(self) -> None:
@@ -376,19 +380,19 @@ class RunDir:
         except (OSError, ValueError):
             pass
 
-    def settle(self, exit_status: int, interrupted: bool, why: str | None = None,
-               launch_id: str | None = None) -> None:
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None, marked: bool | None = None) -> None:
         """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
         killed, or the job stopped by the launcher). why: the signal the launcher was
-        stopped by, which the ranks only saw passed on as SIGTERM. launch_id: the launcher's
-        launch; a `failed` another launch wrote (a resume stopped before its rank 0 reopened
-        the run) is that launch's account and stays."""
+        stopped by, which the ranks only saw passed on as SIGTERM. marked: whether rank 0 of the
+        launcher's own launch marked the run (None: not known); a `failed` another launch
+        wrote (a resume stopped before its rank 0 reopened the run) is that launch's account
+        and stays."""
         try:
             self.read_meta()
         except (OSError, ValueError):
             return
         status = self.meta.get("status")
-        ours = launch_id is None or self.meta.get("launch") == launch_id
+        ours = marked is None or marked
         if interrupted and (status == Status.RUNNING or (status == Status.FAILED and ours)):
             reason = self.meta.get("reason")
             if why:
