@@ -3,7 +3,7 @@ is on a busy host where importing pandas and rich alone takes seconds."""
 import os
 import time
 
-import commbench.report.terminal.terminal as report
+import commbench.report.terminal as report
 
 _print_tables = report.print_tables
 
