@@ -18,6 +18,7 @@ from .profiles import (  # noqa: F401
     parse_profile_text, parse_rate_gbps, profiles_table_rows, scaleup_rates_for,
 )
 from commbench.benchmarks import Benchmark, registry
+from commbench.core.errors import UsageError
 
 # A variant whose name holds one of these reduces in the switch (NVLink SHARP, IB SHARP).
 INSWITCH_MARKERS = ("nvls", "sharp", "collnet", "inswitch", "multimem")
@@ -173,3 +174,12 @@ def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
         row.update({k: None for k in CEILING_KEYS}, profile=None)
         return
     row.update(ceiling_for_row(profile, row, nodes), profile=profile.name)
+
+
+def resolve_profile_spec(name: str | None, overrides: dict):
+    """Load and check a profile before any rank starts (exit 2 on a bad file or flag)."""
+    if name is None:
+        if overrides:
+            raise UsageError("--nic-gbps/--scaleup-GBps/--domain-gpus need --profile")
+        return None
+    return apply_overrides(load_profile(name), overrides)

@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from . import launch, plan, suite
+from pathlib import Path
+
 from commbench.backends import BACKEND_DTYPES
-from commbench.store.results import RunDir
+from commbench.core.errors import UsageError
 from commbench.core.schema import point_key
+from commbench.run import launch, plan, runner, suite
+from commbench.run.launch_variants import resume_variants
+from commbench.run.variants import plan as plan_variants
+from commbench.store.results import RunDir, RunLock, held_by_my_launcher, hold_for_launch, load_meta
 
 # What a run measures and how: with --resume, the run's own values hold, and a flag that
 # would change them is refused rather than ignored (rows of one run measured two ways).
@@ -86,3 +91,60 @@ def sweep_differences(meta: dict, cfg, backend: str, device: str, world: int) ->
 def _setting(v) -> str:
     return ",".join(map(str, v)) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict) \
         else str(v)
+
+
+def config_of_run(args):
+    """The suite, backend and launch shape of the run to continue, from its meta.json."""
+    d = Path(args.resume)
+    meta = load_meta(d) if d.is_dir() else {}
+    holder = RunLock(d).busy() if d.is_dir() and not held_by_my_launcher(d) else None
+    if holder:
+        raise UsageError(f"--resume {d}: the run is still running ({holder}); a run has one writer at a time")
+    if not meta or not (d / "rows.jsonl").is_file():
+        raise UsageError(f"--resume {d}: not a commbench run directory (no meta.json and rows.jsonl)")
+    if meta.get("status") in ("complete", "check_failed"):
+        raise UsageError(f"--resume {d}: the run is {meta['status']}; a finished run is never overwritten "
+                         f"(start a new one)")
+    given = resume_conflicts(args, meta)
+    if given:
+        raise UsageError(f"--resume {d} continues the run with its own settings: drop {given[0]}, or start a "
+                         f"new run to measure with it")
+    try:
+        cfg = suite.config_from_saved(meta.get("config") or {}, {"timeout_s": args.timeout_s})
+    except UsageError as e:
+        raise UsageError(f"--resume {d}: {e}") from None
+    return cfg, meta
+
+
+def resume_run(args, argv: list[str], strip_np) -> int:
+    """`run --resume DIR`: the unfinished variants of the run, each in its own launch under
+    `--np`, or this launch's one under an external launcher."""
+    cfg, meta = config_of_run(args)
+    backend, device = meta["backend"], meta.get("device")
+    info = launch.detect()
+    world = args.np if args.np is not None else info.world
+    if world != meta.get("world"):
+        raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+    # A run of several variants resumes each unfinished one in its own launch.
+    done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
+    planned = plan_variants(cfg, backend, device or "cpu").names
+    if args.variant is not None:
+        has = list(dict.fromkeys(planned + list(meta.get("variants") or {})))
+        if args.variant not in has:  # it would run that variant and leave the missing points missing
+            raise UsageError(f"--resume {args.resume}: the run has no variant {args.variant!r} (it has: "
+                             f"{', '.join(has)})")
+        todo = [args.variant]
+    else:
+        todo = [n for n in planned if n not in done]
+    if args.dry_run:
+        return print_resume_plan(cfg, meta, todo, world, args.resume)
+    if args.np is not None:
+        launch.check_local_ranks(args.np)
+        lock = hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
+        return resume_variants(cfg, todo, args.np, backend, strip_np(argv) + ["--backend", backend], args.resume,
+                               one_named=args.variant is not None)
+    if len(todo) > 1:
+        raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
+                         f"resume one per launch with --variant NAME")
+    return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
+                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")

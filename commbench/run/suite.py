@@ -278,6 +278,17 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
     return cfg
 
 
+def config_from_saved(saved: dict, overrides: dict | None = None) -> SuiteConfig:
+    """The config a run was measured with (meta.json's `config`, written as dataclass fields)
+    through the same checks as a new run's: a hand-edited or truncated meta.json is refused
+    in one line, never taken as it stands."""
+    if not isinstance(saved, dict) or not saved:
+        raise UsageError("the run's meta.json holds no config")
+    raw = {key: saved[f.name] for key, f in _keyed_fields().items() if saved.get(f.name) is not None}
+    raw["name"] = saved.get("name") or "adhoc"
+    return build_config(raw, overrides)
+
+
 def _value(text: str):
     for cast in (int, float):
         try:

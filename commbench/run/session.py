@@ -1,0 +1,141 @@
+"""A run's life cycle before any rank starts: the flags and the suite into one checked
+config, the backend, device, GPU path and profile checked, the variants planned, the
+run directory chosen, locked and checked for room, then either this process starts the
+ranks (`--np`) or, under an external launcher, it is one of them (runner.run). A resume
+takes the same path through run/resume.py. cli.py only parses and dispatches here."""
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from commbench import backends
+from commbench.analyse.ceilings import resolve_profile_spec
+from commbench.backends.gpus import check_gpu_path
+from commbench.core.errors import UsageError
+from commbench.core.units import parse_sizes_arg
+from commbench.run import launch, plan as plan_mod, runner, suite as suite_mod
+from commbench.run.launch_variants import capabilities, record_skip, run_variants
+from commbench.run.resume import resume_run, sweep_differences
+from commbench.run.variants import plan as plan_variants
+from commbench.store.results import (RunLock, check_free_space, check_out_dir, held_by_my_launcher, hold_for_launch,
+                                     load_meta, new_run_dir)
+
+
+def run_command(args, argv: list[str], overrides_p: dict) -> int:
+    """`commbench run`: args as cli parsed them, argv the command line (passed on to the
+    ranks), overrides_p the profile flags."""
+    if args.np is not None:
+        launch.check_local_ranks(args.np)
+    if args.master_addr is not None:
+        if not args.master_addr.strip() or any(c.isspace() for c in args.master_addr):
+            raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
+        os.environ["MASTER_ADDR"] = args.master_addr  # read where the torch rendezvous is prepared
+    if args.resume:
+        return resume_run(args, argv, strip_np)
+
+    if args.suite is None and not args.benchmarks:
+        raise UsageError("run needs a suite (a name `commbench list` shows, or a .toml path), or -b BENCH[,BENCH...] "
+                         "to run benchmarks without one")
+    raw = suite_mod.read_suite(args.suite)
+    # A flag that overrides a suite key stores its value under the key's field name.
+    overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
+                 if f.name not in ("name", "sizes", "params") and hasattr(args, f.name)}
+    if args.style == "nccl-tests" and args.placement is None and args.in_place is None \
+            and not {"placement", "in_place"} & set(raw):
+        overrides["placement"] = "both"  # nccl-tests' two columns, unless told otherwise
+    if args.sizes is not None and not args.sizes.strip():
+        raise UsageError("--sizes is empty: give MIN:MAX[:FACTOR] or A,B,C")
+    overrides["sizes"] = parse_sizes_arg(args.sizes) if args.sizes else None
+    cfg = suite_mod.build_config(raw, overrides)
+    if args.param:
+        cfg = suite_mod.build_config(raw, {**overrides, "params": suite_mod.parse_params(args.param, cfg.benchmarks)})
+    backend = cfg.backend or backends.default_backend()
+    if backend is None:
+        raise UsageError(f"no backend works here: {backends.INSTALL_HINT}")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    device = args.device or ("cuda" if backend == "nccl" else "cpu")
+    suite_mod.check_backend(cfg, backend, device)
+    check_gpu_path(backend, device, args.np, args.cuda_aware_mpi)
+    resolve_profile_spec(cfg.profile, overrides_p)
+    if args.list_variants:
+        if launch.detect().rank == 0:
+            print("\n".join(plan_variants(cfg, backend, device).names))
+        return 0
+    external = args.np is None  # under mpirun/srun/torchrun: this process is one rank of the launch
+    # The MPI flavour and the GPU's capabilities are asked only when a variant may need them.
+    asks = args.variant is not None or (not external and list(cfg.variants) != ["default"])
+    vplan = plan_variants(cfg, backend, device, args.variant,
+                          *(capabilities(backend, device, probe=not external) if asks else ("", None)))
+    if external and args.variant is not None and vplan.skipped:
+        why = vplan.skipped[args.variant]
+        if launch.detect().rank == 0:  # say so, and keep it in the run's record, rather than drop it silently
+            print(f"variant {args.variant}: skipped: {why}", flush=True)
+            if args.out:
+                record_skip(args.out, args.variant, why, cfg)
+        return 0
+    join = False
+    if args.out:
+        holder = RunLock(args.out).busy() if Path(args.out).is_dir() and not held_by_my_launcher(args.out) else None
+        if holder:
+            raise UsageError(f"--out {args.out}: a run is writing there now ({holder}): wait for it, or choose "
+                             f"another directory")
+    if args.out and (Path(args.out) / "rows.jsonl").exists():
+        meta = load_meta(args.out)
+        # Another variant of the same suite joins the run (external launchers run one
+        # variant per launch); anything else would overwrite it.
+        join = (args.variant is not None and meta.get("suite") == cfg.name
+                and args.variant not in (meta.get("variants") or {}))
+        if not join:
+            raise UsageError(f"--out {args.out} already holds a run: continue it with --resume {args.out}, or choose "
+                             f"another directory")
+    info = launch.detect()
+    world = args.np if args.np is not None else info.world
+    if join:
+        differ = sweep_differences(meta, cfg, backend, device, world)
+        if differ:  # rows measured another way would sit in one run as if alike
+            raise UsageError(f"--out {args.out} holds a run of suite {cfg.name} with other settings ({differ[0]}): "
+                             f"a variant joins only a run of the same sweep; choose another directory")
+    points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
+    plan = plan_mod.plan(cfg, points, world, device, check_counts=backend == "mpi")
+    if args.dry_run:
+        if info.rank == 0:
+            plan_mod.print_plan(cfg, plan, world, backend)
+        return 0
+    check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
+    check_free_space(args.out or "results", len(points))
+    if not external:
+        if info.world > 1:
+            raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
+        # The sweep was validated above (expand, plan), before any rank starts or a directory appears.
+        ok, why = backends.availability(backend)
+        if not ok:
+            raise UsageError(f"backend {backend} is not available here: {why}")
+        out = args.out or str(new_run_dir(cfg.name))
+        child = strip_np(argv) + ["--out", out] if not args.out else strip_np(argv)
+        if not args.backend:
+            child += ["--backend", backend]
+        lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
+        if args.variant is None and vplan.names == ["default"]:
+            return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s)
+        return run_variants(vplan, args.np, backend, child, out, cfg)
+    if len(vplan.entries) > 1:
+        raise UsageError(f"suite {cfg.name} has {len(vplan.entries)} variants and NCCL/MPI read their settings once "
+                         f"per process: run one per launch with --variant NAME (`make inswitch` loops over them)")
+    # Under an external launcher every rank names a directory, but only rank 0 writes one.
+    out = args.out or str(new_run_dir(cfg.name))
+    name = vplan.names[0]
+    return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
+                      variant=name, join=join or name != "default")
+
+
+def strip_np(argv: list[str]) -> list[str]:
+    """argv without --np N or --np=N: the ranks it starts must not start ranks again."""
+    out, it = [], iter(argv)
+    for a in it:
+        if a == "--np":
+            next(it, None)
+        elif not a.startswith("--np="):
+            out.append(a)
+    return out
