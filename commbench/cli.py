@@ -188,10 +188,13 @@ def _resume_config(args):
     from pathlib import Path
 
     from . import suite as suite_mod
-    from .results import RunLock, held_by_my_launcher, load_meta
+    from .results import RunLock, check_out_dir, held_by_my_launcher, load_meta
 
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
+    if meta.get("imported_from") or meta.get("source_format"):
+        raise UsageError(f"--resume {d}: an imported run (from {meta.get('source') or meta.get('source_format')}), "
+                         f"not one commbench measured: nothing to resume")
     holder = RunLock(d).busy() if d.is_dir() and not held_by_my_launcher(d) else None
     if holder:
         raise UsageError(f"--resume {d}: the run is still running ({holder}); a run has one writer at a time")
@@ -200,6 +203,7 @@ def _resume_config(args):
     if meta.get("status") in ("complete", "check_failed"):
         raise UsageError(f"--resume {d}: the run is {meta['status']}; a finished run is never overwritten "
                          f"(start a new one)")
+    check_out_dir(d, "--resume")  # its lock and rows are written: a read-only place is refused here
     given = [f for f in ("suite", "benchmarks", "sizes", "dtypes", "worlds", "param", "out", "profile")
              if getattr(args, f, None) not in (None, [], False)]
     if args.backend not in (None, meta.get("backend")):
@@ -211,7 +215,10 @@ def _resume_config(args):
     raw = {k: (tuple(v) if isinstance(v, list) and k != "sizes" else v) for k, v in raw.items() if k in known}
     if args.timeout_s is not None:
         raw["timeout_s"] = args.timeout_s
-    cfg = suite_mod.SuiteConfig(**raw)
+    try:
+        cfg = suite_mod.SuiteConfig(**raw)
+    except TypeError as e:  # a meta.json edited or written by something else
+        raise UsageError(f"--resume {d}: meta.json's config is not a commbench suite's ({e})") from None
     return cfg, meta
 
 
@@ -258,6 +265,8 @@ def cmd_run(args, argv: list[str]) -> int:
 
     if args.np is not None:
         launch.check_local_ranks(args.np)
+    else:  # one rank of a launch: the launcher it watches must be its own
+        launch.check_launcher_pid()
     if args.master_addr is not None:
         if not args.master_addr.strip() or any(c.isspace() for c in args.master_addr):
             raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
@@ -341,7 +350,8 @@ def cmd_run(args, argv: list[str]) -> int:
     check_free_space(args.out or "results", len(points))
     if not external:
         if info.world > 1:
-            raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
+            raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks ({info.source}): drop "
+                             f"--np, or unset those variables if no launcher started this")
         # The sweep was validated above (expand, plan), before any rank starts or a directory appears.
         ok, why = backends.availability(backend)
         if not ok:
@@ -524,8 +534,70 @@ def _fabric(M, prof, rate: str):
                                out, prof.scaleout_latency_us if out else None)
 
 
+class _DroppingStdout:
+    """sys.stdout that survives its reader: a closed stdout (`>&-`) or a pipe whose reader
+    left (`| head -1`) drops what would be printed from then on, and the command (a run's
+    rows, a gate's exit status) goes on. The file descriptor is pointed at /dev/null, so
+    what Python still holds in its buffer is flushed there at exit, not into an error."""
+
+    def __init__(self, f):
+        self._f = f
+        self.dropped = False
+
+    def _drop(self) -> None:
+        self.dropped = True
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._f.fileno())
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text):
+        try:
+            return self._f.write(text)
+        except (BrokenPipeError, ValueError) as e:  # ValueError: a file closed under us
+            self._drop()
+            return len(text) if not isinstance(e, ValueError) else 0
+        except OSError:
+            self._drop()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._f.flush()
+        except (OSError, ValueError):
+            self._drop()
+            try:
+                self._f.flush()
+            except (OSError, ValueError):
+                pass
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _guard_stdout() -> None:
+    if sys.stdout is None:  # started with fd 1 closed: give it /dev/null, for us and the ranks we start
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)
+    if not isinstance(sys.stdout, _DroppingStdout):
+        sys.stdout = _DroppingStdout(sys.stdout)
+
+
+def _os_error_line(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _guard_stdout()
+    # Only `run` is one rank of a launch; any other command says its refusal whatever the
+    # launch variables in the environment say.
+    everywhere = next((a for a in argv if not a.startswith("-")), None) != "run"
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "wide", False):
@@ -546,8 +618,14 @@ def main(argv: list[str] | None = None) -> int:
             report_runs(args.runs, profile)
             if args.out:
                 from .htmlreport import write_report
+                from .results import check_out_dir
 
-                res = write_report(args.runs, args.out, profile)
+                check_out_dir(args.out)
+                try:
+                    res = write_report(args.runs, args.out, profile)
+                except OSError as e:  # a full disk: the tables above are out; the files are not
+                    raise UsageError(f"report --out {args.out}: cannot write the report: {_os_error_line(e)}") \
+                        from e
                 print(f"report: {res['markdown']} and {res['html']} ({len(res['figures'])} figures)")
                 for note in res["notes"]:
                     print(f"note: {note}")
@@ -556,13 +634,24 @@ def main(argv: list[str] | None = None) -> int:
             from .compare import compare_paths, split_sides
 
             base, new = split_sides(args.runs, args.base, args.new, argv)
-            return compare_paths(base, new, args.threshold, args.fail_on_regression,
-                                 all_points=args.all, csv_out=args.csv)
+            if args.csv is not None and os.path.isdir(args.csv):
+                raise UsageError(f"--csv {args.csv}: is a directory (give a file name)")
+            try:
+                return compare_paths(base, new, args.threshold, args.fail_on_regression,
+                                     all_points=args.all, csv_out=args.csv)
+            except OSError as e:
+                # Exit 2, not 1: a regression gate reads 1 as "slower".
+                if args.csv is not None and e.filename in (None, args.csv):
+                    raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror or e}") from e
+                raise
         if args.cmd == "import":
             from .importers import import_to_run
 
-            out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
-                                            in_place=not args.no_in_place)
+            try:
+                out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
+                                                in_place=not args.no_in_place)
+            except OSError as e:  # a full disk or a read-only place: the files read, the result not written
+                raise UsageError(f"import: cannot write the result directory: {_os_error_line(e)}") from e
             print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
                   f"world {meta['world']}) from {meta['source']}: {out}")
             for note in meta.get("import_notes") or []:
@@ -575,18 +664,31 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         from .launch import say_once
 
-        say_once(f"commbench: error: {e}")
+        _debug_trace(e)
+        say_once(f"commbench: error: {e}", everywhere=everywhere)
         return e.exit_status
-    except RunFailed as e:  # already said in one line by the rank that failed
-        if os.environ.get("COMMBENCH_DEBUG"):
-            import traceback
+    except OSError as e:  # a file the user named or a place the user chose: one line naming it
+        from .launch import say_once
 
-            traceback.print_exception(e.__cause__ or e)
+        _debug_trace(e)
+        say_once(f"commbench: error: {_os_error_line(e)}", everywhere=everywhere)
+        return 2
+    except RunFailed as e:  # already said in one line by the rank that failed
+        _debug_trace(e.__cause__ or e)
         return e.exit_status
     except KeyboardInterrupt:
         print("commbench: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout.flush()  # here, where a reader that left is dropped quietly, not at exit
     return 0
+
+
+def _debug_trace(e: BaseException) -> None:
+    if os.environ.get("COMMBENCH_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
 
 
 if __name__ == "__main__":
