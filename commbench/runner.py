@@ -371,6 +371,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     if backend_name in ("gloo", "nccl"):
         launch.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
+    backend.rendezvous_s = cfg.timeout_s  # start-up waits no longer than the run's --timeout
     world = backend.init(info)
     world.in_place = cfg.in_place
     # Every rank names a directory under an external launcher; rank 0's is the run's.

@@ -237,3 +237,97 @@ def test_a_stale_launcher_pid_is_named(tmp_path):
               tmp_path / "r"), {"COMMBENCH_LAUNCHER_PID": str(gone)})
     _one_line(r, f"COMMBENCH_LAUNCHER_PID={gone}")
     assert not (tmp_path / "r").exists()
+
+
+# --- every wait before the watchdog is bounded ------------------------------------------
+
+def _free_port() -> int:
+    from commbench.launch import free_port
+
+    return free_port()
+
+
+BOUND_S = 5
+# Interpreter, torch or jax start-up on 2 busy cores, on top of the bound.
+START_SLACK_S = 45
+
+
+@pytest.mark.parametrize("backend", [pytest.param("gloo", marks=needs_torch), "jax"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_never_comes_ends_start_up_within_the_timeout(tmp_path, backend, rank):
+    """One rank of two started by hand, the other never: the start-up waits the run's
+    --timeout, not the library's 10 minutes (torch) or 5 and a C++ abort (jax)."""
+    if backend == "jax":
+        pytest.importorskip("jax")
+    port = _free_port()
+    t0 = time.monotonic()
+    r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", backend, "--timeout", BOUND_S,
+              "--out", tmp_path / "r"),
+             {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+             timeout=BOUND_S + START_SLACK_S + 60)
+    took = time.monotonic() - t0
+    line = _one_line(r, f"{BOUND_S} s", "--timeout", str(port))
+    assert took < BOUND_S + START_SLACK_S, (took, line)
+
+
+def test_an_unanswering_jax_coordinator_is_bounded(tmp_path):
+    pytest.importorskip("jax")
+    port = _free_port()
+    t0 = time.monotonic()
+    r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", "jax", "--timeout", BOUND_S,
+              "--out", tmp_path / "r"),
+             {"RANK": "1", "WORLD_SIZE": "2", "COMMBENCH_JAX_COORDINATOR": f"127.0.0.1:{port}"},
+             timeout=BOUND_S + START_SLACK_S + 60)
+    _one_line(r, "COMMBENCH_JAX_COORDINATOR", f"{BOUND_S} s")
+    assert "Check failure" not in r.stderr
+    assert time.monotonic() - t0 < BOUND_S + START_SLACK_S
+
+
+@pytest.fixture
+def busy_port():
+    s = socket.socket()
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.mark.parametrize("case", ["junk", "no-port", "busy"])
+def test_a_bad_jax_coordinator_is_one_line(tmp_path, busy_port, case):
+    pytest.importorskip("jax")
+    value = {"junk": "junk", "no-port": "127.0.0.1:http", "busy": f"127.0.0.1:{busy_port}"}[case]
+    r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", "jax", "--iters", "2",
+              "--out", tmp_path / "r"), {"COMMBENCH_JAX_COORDINATOR": value})
+    _one_line(r, "COMMBENCH_JAX_COORDINATOR", *(["in use"] if case == "busy" else []))
+
+
+@pytest.mark.parametrize("backend", [pytest.param("gloo", marks=needs_torch), "jax"])
+@pytest.mark.parametrize("case", ["99999", "busy"])
+def test_a_bad_master_port_is_one_line(tmp_path, busy_port, backend, case):
+    if backend == "jax":
+        pytest.importorskip("jax")
+    port = str(busy_port) if case == "busy" else case
+    r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", backend, "--iters", "2",
+              "--out", tmp_path / "r"), {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+    _one_line(r, "MASTER_PORT", port)
+
+
+# --- nothing left behind ----------------------------------------------------------------
+
+@needs_mpi
+def test_a_singleton_mpi_run_leaves_no_shared_memory_segment(tmp_path):
+    """In a mount namespace of its own with an empty /dev/shm, so other runs on the host
+    cannot add to what is counted."""
+    if os.geteuid() != 0:
+        pytest.skip("a private /dev/shm needs root (unshare -m)")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr.strip()}")
+    e = _clean_env()
+    script = (f"mount -t tmpfs tmpfs /dev/shm && {sys.executable} -m commbench run quick -b all_reduce --sizes 8 "
+              f"--iters 2 --warmup 1 --backend mpi --out {tmp_path / 'r'} >/dev/null && ls -A /dev/shm")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, timeout=300, env=e, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r" / "meta.json").read_text())["status"] == "complete"
+    assert r.stdout.split() == [], r.stdout
