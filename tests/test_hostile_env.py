@@ -331,3 +331,61 @@ def test_a_singleton_mpi_run_leaves_no_shared_memory_segment(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "r" / "meta.json").read_text())["status"] == "complete"
     assert r.stdout.split() == [], r.stdout
+
+
+def _twohosts():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import twohosts
+
+    why = twohosts.TwoHosts.unavailable()
+    if why:
+        pytest.skip(f"two hosts cannot be made here: {why}")
+    return twohosts
+
+
+def _left_of(twohosts, state: Path, names: dict, wire_pid: int | None) -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    mounts = Path("/proc/self/mountinfo").read_text()
+    return ([ns for ns in names["netns"] if ns in listed] + [u for u in names["uts"] if u in mounts]
+            + [d for d in names["dirs"] if Path(d).exists()] + ([str(state)] if state.exists() else [])
+            + ([f"delay line pid {wire_pid}"] if wire_pid and twohosts._alive(wire_pid) and
+               Path(f"/proc/{wire_pid}").exists() and b"wire" in Path(f"/proc/{wire_pid}/cmdline").read_bytes()
+               else []))
+
+
+@pytest.mark.parametrize("command", [["hold", "--delay-ms", "1"],
+                                     ["link", "--rate-mbit", "20", "--delay-ms", "1"]], ids=["hold", "link"])
+def test_a_killed_two_hosts_owner_leaves_nothing_behind(tmp_path, command):
+    """SIGKILL reaches no handler: what the set made (namespaces, UTS mounts, scratch and
+    the real-time delay line) must go with its owner, not wait for the next start."""
+    import signal
+
+    twohosts = _twohosts()
+    args = command + (["--out", str(tmp_path)] if command[0] == "link" else [])
+    p = subprocess.Popen([sys.executable, str(ROOT / "tools" / "twohosts.py"), *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, cwd=ROOT, env=_clean_env())
+    state, deadline = None, time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and p.poll() is None:  # up: the delay line is running
+            for d in twohosts.STATE_ROOT.glob("*") if twohosts.STATE_ROOT.is_dir() else []:
+                if (d / "owner").is_file() and (d / "owner").read_text().strip() == str(p.pid) and \
+                        (d / "wire.pid").is_file() and (d / "agent").is_file():
+                    state = d
+            if state is not None:
+                break
+            time.sleep(0.2)
+        assert state is not None, f"the hosts did not come up (exit {p.poll()})"
+        names = json.loads((state / "names.json").read_text())
+        wire_pid = int((state / "wire.pid").read_text())
+        assert _left_of(twohosts, state, names, wire_pid)  # made, and seen
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t0 = time.monotonic()
+        while _left_of(twohosts, state, names, wire_pid) and time.monotonic() - t0 < 20:
+            time.sleep(0.2)
+        assert _left_of(twohosts, state, names, wire_pid) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if state is not None and state.exists():
+            twohosts.teardown_dir(state)
