@@ -577,7 +577,9 @@ class _DroppingStdout:
         return getattr(self._f, name)
 
 
-def _guard_stdout() -> None:
+def _guard_stdout():
+    """Wrap sys.stdout for this command; returns what to put back when it is done."""
+    before = sys.stdout
     if sys.stdout is None:  # started with fd 1 closed: give it /dev/null, for us and the ranks we start
         fd = os.open(os.devnull, os.O_WRONLY)
         if fd != 1:
@@ -586,6 +588,7 @@ def _guard_stdout() -> None:
         sys.stdout = open(1, "w", closefd=False)
     if not isinstance(sys.stdout, _DroppingStdout):
         sys.stdout = _DroppingStdout(sys.stdout)
+    return before if before is not None else sys.stdout._f
 
 
 def _os_error_line(e: OSError) -> str:
@@ -594,7 +597,7 @@ def _os_error_line(e: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _guard_stdout()
+    stdout = _guard_stdout()
     # Only `run` is one rank of a launch; any other command says its refusal whatever the
     # launch variables in the environment say.
     everywhere = next((a for a in argv if not a.startswith("-")), None) != "run"
@@ -620,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .htmlreport import write_report
                 from .results import check_out_dir
 
-                check_out_dir(args.out)
+                check_out_dir(args.out, "report --out")
                 try:
                     res = write_report(args.runs, args.out, profile)
                 except OSError as e:  # a full disk: the tables above are out; the files are not
@@ -681,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         sys.stdout.flush()  # here, where a reader that left is dropped quietly, not at exit
+        sys.stdout = stdout
     return 0
 
 

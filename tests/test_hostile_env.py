@@ -161,6 +161,16 @@ def test_closed_stdout_is_no_error(imported, command):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("backend", [pytest.param("mpi", marks=needs_mpi), pytest.param("gloo", marks=needs_torch)])
+def test_a_run_with_stdout_closed_completes(tmp_path, backend):
+    out = tmp_path / "run"
+    r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8,16", "--iters", "2", "--warmup", "1", "--backend",
+              backend, "--np", "2", "--out", out), {}, timeout=300, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 2
+
+
 def _into_closed_pipe(args, timeout=300):
     """Run commbench with its stdout a pipe whose reader has already left (`| head -1`
     once head has its line): returns (exit status, stderr)."""
