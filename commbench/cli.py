@@ -7,6 +7,7 @@ import sys
 
 from .backends import BACKENDS
 from .errors import RunFailed, UsageError
+from .results import check_out_dir
 from .suite import TIMING_METHODS, key_help
 
 
@@ -188,7 +189,7 @@ def _resume_config(args):
     from pathlib import Path
 
     from . import suite as suite_mod
-    from .results import RunLock, check_out_dir, held_by_my_launcher, load_meta
+    from .results import RunLock, held_by_my_launcher, load_meta
 
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
@@ -621,7 +622,6 @@ def main(argv: list[str] | None = None) -> int:
             report_runs(args.runs, profile)
             if args.out:
                 from .htmlreport import write_report
-                from .results import check_out_dir
 
                 check_out_dir(args.out, "report --out")
                 try:

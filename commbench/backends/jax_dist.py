@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from ..errors import UsageError
+from ..rendezvous import meet, parse_port
 from .base import Comm, Handle
 
 AXIS = "ranks"  # the mesh axis every collective names
@@ -447,8 +448,6 @@ class JaxBackend:
         coordinator takes the next port."""
         given = os.environ.get("COMMBENCH_JAX_COORDINATOR")
         if given is not None:
-            from ..rendezvous import parse_port
-
             host, sep, port_text = given.strip().rpartition(":")
             if not sep or not host.strip("[]") or any(c.isspace() for c in host):
                 raise UsageError(f"COMMBENCH_JAX_COORDINATOR must be host:port, got {given!r}")
@@ -460,8 +459,6 @@ class JaxBackend:
             if key not in os.environ:
                 raise UsageError(f"backend jax needs {key} for its coordinator (torchrun sets it; commbench run --np "
                                  f"sets it), or COMMBENCH_JAX_COORDINATOR=host:port")
-        from ..rendezvous import parse_port
-
         port = parse_port(os.environ["MASTER_PORT"], "MASTER_PORT") + (1 if os.environ.get("TORCHELASTIC_RUN_ID")
                                                                         else 0)
         if info.world > 1:  # the torch backends' check: an address a rank cannot reach is one line, at once
@@ -485,8 +482,6 @@ class JaxBackend:
         # JAX aborts the process (a C++ fatal check, after its own 300 s) when a task never
         # registers: the ranks first meet where the coordinator will listen, within the run's
         # --timeout, and only a launch that is all there starts JAX.
-        from ..rendezvous import meet
-
         host, _, port = coordinator.rpartition(":")
         what = ("COMMBENCH_JAX_COORDINATOR" if os.environ.get("COMMBENCH_JAX_COORDINATOR") is not None
                 else "the jax coordinator (MASTER_ADDR:MASTER_PORT)")

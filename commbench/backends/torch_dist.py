@@ -10,6 +10,7 @@ from datetime import timedelta
 import numpy as np
 
 from ..errors import UsageError
+from ..rendezvous import agent_store, check_port_free, parse_port, prepare_rendezvous
 from ..timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
 from .base import Comm, Handle
 
@@ -348,8 +349,6 @@ class TorchBackend:
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if key not in os.environ:
                 raise UsageError(f"backend {self.name} needs {key} (torchrun sets it; commbench run --np sets it)")
-        from ..rendezvous import agent_store, check_port_free, parse_port, prepare_rendezvous
-
         addr, port = os.environ["MASTER_ADDR"], parse_port(os.environ["MASTER_PORT"], "MASTER_PORT")
         if launch.world > 1:
             prepare_rendezvous(addr, str(port))
