@@ -368,9 +368,9 @@ class TorchBackend:
             if os.environ.get("COMMBENCH_DEBUG"):
                 os.write(2, held.data)
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-            raise UsageError(f"backend {self.name}: rank {launch.rank} of {launch.world}: the rendezvous at "
-                             f"{addr}:{port} (MASTER_ADDR:MASTER_PORT) did not complete within {bound_s:g} s "
-                             f"(--timeout): {first[:300]}") from e
+            raise UsageError(f"backend {self.name}: rank {launch.rank} of {launch.world}: the process group at "
+                             f"{addr}:{port} (MASTER_ADDR:MASTER_PORT) did not start (start-up waits at most "
+                             f"{bound_s:g} s, --timeout): {first[:300]}") from e
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
         except ImportError:  # an older torch: its operations keep the rendezvous bound
