@@ -341,6 +341,26 @@ def meet(addr: str, port: int, rank: int, world: int, bound_s: float, what: str)
                              f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {world} never "
                              f"came: start every rank, or check the address")
         return
+    with connect_within(addr, port, deadline, bound_s, what) as c:
+        try:
+            c.sendall(struct.pack("!i", rank))
+            # Rank 0 waits up to its own bound for the last rank: as long, and a little more.
+            c.settimeout(bound_s + REACH_TIMEOUT_S)
+            answer = c.recv(len(_GO))
+        except OSError:
+            answer = b""
+    if answer == _GO:
+        return
+    raise UsageError(f"{what} {addr}:{port}: rank 0 gave up waiting for another rank (within --timeout "
+                         f"{bound_s:g} s): start every rank")
+
+
+def connect_within(addr: str, port: int, deadline: float, bound_s: float, what: str):
+    """A connection to rank 0's listener at addr:port, retried until the monotonic
+    deadline (rank 0 may start later than this rank), or one line saying why not."""
+    import socket
+    import time
+
     why = "no rank 0 there"
     while True:
         left = deadline - time.monotonic()
@@ -348,22 +368,9 @@ def meet(addr: str, port: int, rank: int, world: int, bound_s: float, what: str)
             raise UsageError(f"{what} {addr}:{port}: rank 0 did not answer within {bound_s:g} s (--timeout) "
                              f"({why}): start rank 0, or check the address")
         try:
-            c = socket.create_connection((addr, port), timeout=min(REACH_TIMEOUT_S, left))
+            return socket.create_connection((addr, port), timeout=min(REACH_TIMEOUT_S, left))
         except (ConnectionRefusedError, TimeoutError, socket.timeout) as e:
             why = "connection refused" if isinstance(e, ConnectionRefusedError) else "no answer"
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-            continue
         except OSError as e:  # no route, no such host: waiting does not help
             raise UsageError(f"{what} {addr}:{port}: cannot reach it: {e.strerror or e}") from None
-        with c:
-            try:
-                c.sendall(struct.pack("!i", rank))
-                # Rank 0 waits up to its own bound for the last rank: as long, and a little more.
-                c.settimeout(bound_s + REACH_TIMEOUT_S)
-                answer = c.recv(len(_GO))
-            except OSError:
-                answer = b""
-        if answer == _GO:
-            return
-        raise UsageError(f"{what} {addr}:{port}: rank 0 gave up waiting for another rank (within --timeout "
-                         f"{bound_s:g} s): start every rank")

@@ -5,12 +5,13 @@ import contextlib
 import functools
 import os
 import sys
+import time
 from datetime import timedelta
 
 import numpy as np
 
 from ..errors import UsageError
-from ..rendezvous import agent_store, check_port_free, parse_port, prepare_rendezvous
+from ..rendezvous import agent_store, check_port_free, connect_within, parse_port, prepare_rendezvous
 from ..timing import choose_ops_per_batch, choose_ops_per_replay, time_held, time_with_graph
 from .base import Comm, Handle
 
@@ -360,6 +361,12 @@ class TorchBackend:
         # The rendezvous waits for every rank at most the run's --timeout (torch's own default
         # is 10 minutes, before the watchdog is armed); the operations then get OP_TIMEOUT_S.
         bound_s = self.rendezvous_s
+        if launch.rank > 0 and not agent_store():
+            # torch's client retries with a back-off that can run to twice the bound: wait
+            # for rank 0's store here, within it, and give torch what is left.
+            t0 = time.monotonic()
+            connect_within(addr, port, t0 + bound_s, bound_s, "the rendezvous (MASTER_ADDR:MASTER_PORT)").close()
+            bound_s = max(1.0, bound_s - (time.monotonic() - t0))
         try:
             with _stderr_held() as held:
                 dist.init_process_group(self.name, rank=launch.rank, world_size=launch.world,
@@ -370,7 +377,7 @@ class TorchBackend:
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
             raise UsageError(f"backend {self.name}: rank {launch.rank} of {launch.world}: the process group at "
                              f"{addr}:{port} (MASTER_ADDR:MASTER_PORT) did not start (start-up waits at most "
-                             f"{bound_s:g} s, --timeout): {first[:300]}") from e
+                             f"{self.rendezvous_s:g} s, --timeout): {first[:300]}") from e
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
         except ImportError:  # an older torch: its operations keep the rendezvous bound
