@@ -10,6 +10,7 @@ from commbench.core.errors import RunFailed, UsageError
 from commbench.report.styles import STYLES
 from commbench.analyse.ceilings import resolve_profile_spec
 from commbench.run.session import run_command
+from commbench.store.results import check_out_dir
 from commbench.run.suite import TIMING_METHODS, key_help
 
 _STYLE_HELP = ("table: commbench's tables; nccl-tests: one line per size, out-of-place and in-place side by side, "
@@ -355,8 +356,73 @@ def _fabric(M, prof, rate: str):
     return M.fabric_from_profile(prof, rate)
 
 
+class _DroppingStdout:
+    """sys.stdout that survives its reader: a closed stdout (`>&-`) or a pipe whose reader
+    left (`| head -1`) drops what would be printed from then on, and the command (a run's
+    rows, a gate's exit status) goes on. The file descriptor is pointed at /dev/null, so
+    what Python still holds in its buffer is flushed there at exit, not into an error."""
+
+    def __init__(self, f):
+        self._f = f
+        self.dropped = False
+
+    def _drop(self) -> None:
+        self.dropped = True
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._f.fileno())
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text):
+        try:
+            return self._f.write(text)
+        except (BrokenPipeError, ValueError) as e:  # ValueError: a file closed under us
+            self._drop()
+            return len(text) if not isinstance(e, ValueError) else 0
+        except OSError:
+            self._drop()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._f.flush()
+        except (OSError, ValueError):
+            self._drop()
+            try:
+                self._f.flush()
+            except (OSError, ValueError):
+                pass
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _guard_stdout():
+    """Wrap sys.stdout for this command; returns what to put back when it is done."""
+    before = sys.stdout
+    if sys.stdout is None:  # started with fd 1 closed: give it /dev/null, for us and the ranks we start
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)
+    if not isinstance(sys.stdout, _DroppingStdout):
+        sys.stdout = _DroppingStdout(sys.stdout)
+    return before if before is not None else sys.stdout._f
+
+
+def _os_error_line(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    stdout = _guard_stdout()
+    # Only `run` is one rank of a launch; any other command says its refusal whatever the
+    # launch variables in the environment say.
+    everywhere = next((a for a in argv if not a.startswith("-")), None) != "run"
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "wide", False):
@@ -382,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 from commbench.report.html import write_report
 
-                res = write_report(args.runs, args.out, profile)
+                check_out_dir(args.out, "report --out")
+                try:
+                    res = write_report(args.runs, args.out, profile)
+                except OSError as e:  # a full disk: the tables above are out; the files are not
+                    raise UsageError(f"report --out {args.out}: cannot write the report: {_os_error_line(e)}") \
+                        from e
                 print(f"report: {res['markdown']} and {res['html']} ({len(res['figures'])} figures)")
                 for note in res["notes"]:
                     print(f"note: {note}")
@@ -391,13 +462,24 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.report.compare_view import compare_paths, split_sides
 
             base, new = split_sides(args.runs, args.base, args.new, argv)
-            return compare_paths(base, new, args.threshold, args.fail_on_regression,
-                                 all_points=args.all, csv_out=args.csv)
+            if args.csv is not None and os.path.isdir(args.csv):
+                raise UsageError(f"--csv {args.csv}: is a directory (give a file name)")
+            try:
+                return compare_paths(base, new, args.threshold, args.fail_on_regression,
+                                     all_points=args.all, csv_out=args.csv)
+            except OSError as e:
+                # Exit 2, not 1: a regression gate reads 1 as "slower".
+                if args.csv is not None and e.filename in (None, args.csv):
+                    raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror or e}") from e
+                raise
         if args.cmd == "import":
             from commbench.store.importers import import_to_run
 
-            out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
-                                            in_place=not args.no_in_place)
+            try:
+                out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
+                                                in_place=not args.no_in_place)
+            except OSError as e:  # a full disk or a read-only place: the files read, the result not written
+                raise UsageError(f"import: cannot write the result directory: {_os_error_line(e)}") from e
             print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
                   f"world {meta['world']}) from {meta['source']}: {out}")
             for note in meta.get("import_notes") or []:
@@ -410,18 +492,32 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         from commbench.run.launch import say_once
 
-        say_once(f"commbench: error: {e}")
+        _debug_trace(e)
+        say_once(f"commbench: error: {e}", everywhere=everywhere)
         return e.exit_status
-    except RunFailed as e:  # already said in one line by the rank that failed
-        if os.environ.get("COMMBENCH_DEBUG"):
-            import traceback
+    except OSError as e:  # a file the user named or a place the user chose: one line naming it
+        from commbench.run.launch import say_once
 
-            traceback.print_exception(e.__cause__ or e)
+        _debug_trace(e)
+        say_once(f"commbench: error: {_os_error_line(e)}", everywhere=everywhere)
+        return 2
+    except RunFailed as e:  # already said in one line by the rank that failed
+        _debug_trace(e.__cause__ or e)
         return e.exit_status
     except KeyboardInterrupt:
         print("commbench: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout.flush()  # here, where a reader that left is dropped quietly, not at exit
+        sys.stdout = stdout
     return 0
+
+
+def _debug_trace(e: BaseException) -> None:
+    if os.environ.get("COMMBENCH_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
 
 
 if __name__ == "__main__":

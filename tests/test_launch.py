@@ -6,7 +6,8 @@ from commbench.run.launch import mpirun_command
 
 def test_detect_each_launcher():
     assert detect({}).launcher == "none" and detect({}).world == 1
-    i = detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
+    i = detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "PMIX_NAMESPACE": "prterun-host-1@1"})
     assert (i.rank, i.world, i.local_rank, i.launcher) == (3, 8, 1, "mpirun")
     i = detect({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2"})
     assert (i.rank, i.world, i.local_rank, i.launcher) == (2, 4, 2, "mpich")

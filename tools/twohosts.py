@@ -20,8 +20,10 @@ What runs on the hosts keeps its temporary files (TMPDIR: Open MPI's session dir
 PMIx's rendezvous sockets) and Open MPI's shared-memory segments in a scratch directory of
 its set of hosts (/dev/shm/cb2h-TAG), so a killed launch leaves nothing in /tmp or /dev/shm
 and two sets, with the same hostnames, never meet there. Everything made is torn down on
-exit, also after an exception or SIGTERM; a fixture left behind by a killed process is
-removed by the next one. TwoHosts.unavailable() says, in one line, why namespaces cannot be
+exit, also after an exception or SIGTERM; after a SIGKILL, which no handler sees, a reaper
+started with the set (a process of its own session, `reap`) tears it down as soon as the
+owner is gone, and a fixture left behind anyway (the reaper killed too) is removed by the
+next one. TwoHosts.unavailable() says, in one line, why namespaces cannot be
 made here (not root, no `ip`, ...).
 
 Command line: `check` (can two hosts be made here?), `demo` (what `make two-hosts` runs:
@@ -172,6 +174,7 @@ class TwoHosts:
         # Short: PMIx puts unix sockets (108 bytes of path at most) two levels below it.
         self.scratch = SCRATCH_ROOT / f"cb2h-{self.tag}"
         self._wire: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None
         self._old_term = None
 
     # --- can it be done here --------------------------------------------------------
@@ -206,6 +209,13 @@ class TwoHosts:
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "owner").write_text(str(os.getpid()))
         (self.state / "names.json").write_text(json.dumps(self._names()))
+        # Before anything is made: whatever up() makes, the reaper removes once this process
+        # is gone without tearing it down (SIGKILL). Its own session: a signal to this
+        # process's group does not reach it.
+        self._reaper = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "reap", "--owner",
+                                         str(os.getpid()), str(self.state)], start_new_session=True,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
         # SIGTERM (a CI job cancelled, a test timeout) must still tear down: it becomes a
         # KeyboardInterrupt, which unwinds through down(). Only a handler-less main thread
         # can take it over.
@@ -396,6 +406,10 @@ esac
         self._wire = None
         if self.state.exists():
             teardown_dir(self.state)
+        if self._reaper is not None:  # nothing left for it to do
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
@@ -459,6 +473,31 @@ def remove_stale() -> None:
         if owner and _alive(owner):
             continue
         teardown_dir(d)
+
+
+# How often the reaper looks for its owner where the kernel cannot tell it (no pidfd).
+REAP_POLL_S = 0.2
+
+
+def reap(owner: int, state: Path) -> int:
+    """Wait for the owner of a set of hosts to end, then remove what it left (nothing, when
+    it tore the set down itself: the state directory is gone)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        fd = None  # already gone
+    except (AttributeError, OSError):  # no pidfd here: look twice a second
+        while _alive(owner):
+            time.sleep(REAP_POLL_S)
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+        os.close(fd)
+    if state.exists():
+        teardown_dir(state)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -671,12 +710,17 @@ def main(argv=None) -> int:
     k.add_argument("--rate-mbit", type=float, default=20.0)
     k.add_argument("--delay-ms", type=float, default=10.0)
     k.add_argument("--out", default=str(ROOT / "results"), help="parent of the run directory")
+    r = sub.add_parser("reap", help="tear a set down once its owner is gone (started by the set itself)")
+    r.add_argument("--owner", type=int, required=True)
+    r.add_argument("state")
     w = sub.add_parser("wire", help="the delay line (inside the wire namespace)")
     w.add_argument("--delay-ms", type=float, required=True)
     w.add_argument("ifs", nargs=2)
     args = p.parse_args(argv)
     if args.cmd == "wire":
         return wire(args.delay_ms, args.ifs)
+    if args.cmd == "reap":
+        return reap(args.owner, Path(args.state))
     why = TwoHosts.unavailable()
     if args.cmd == "check":
         print(f"two hosts: not here: {why}" if why else "two hosts: can be made here")

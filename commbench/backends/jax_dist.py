@@ -30,11 +30,10 @@ import time
 
 import numpy as np
 
+from commbench.backends.mpi import aligned_empty
+from commbench.backends.rendezvous import meet, parse_port, prepare_rendezvous, prepare_torch_env
 from commbench.core.errors import UsageError
 from .base import Comm, Handle
-from commbench.backends.mpi import aligned_empty
-from commbench.backends.rendezvous import prepare_torch_env
-from commbench.backends.rendezvous import prepare_rendezvous
 
 AXIS = "ranks"  # the mesh axis every collective names
 
@@ -413,6 +412,10 @@ class JaxComm(Comm):
         return super().time_ops(op, iters, barrier_each)
 
 
+# The start-up wait when no run's --timeout is given (the suite's default timeout_s).
+RENDEZVOUS_DEFAULT_S = 300.0
+
+
 class JaxBackend:
     def __init__(self, name: str, device: str | None):
         self.name = name
@@ -422,6 +425,8 @@ class JaxBackend:
         if self.device == "cuda" and cuda_plugin() is None:
             raise UsageError("backend jax with device cuda needs JAX's CUDA plugin (pip install 'jax[cuda12]')")
         self._comms = 0
+        # How long start-up may wait for the other ranks (the run's --timeout; runner.start).
+        self.rendezvous_s = RENDEZVOUS_DEFAULT_S
 
     @staticmethod
     def coordinator(info) -> str:
@@ -430,15 +435,19 @@ class JaxBackend:
         overrides it. Under torchrun the agent's own store listens on MASTER_PORT, so the
         coordinator takes the next port."""
         given = os.environ.get("COMMBENCH_JAX_COORDINATOR")
-        if given:
-            return given
+        if given is not None:
+            host, sep, port_text = given.strip().rpartition(":")
+            if not sep or not host.strip("[]") or any(c.isspace() for c in host):
+                raise UsageError(f"COMMBENCH_JAX_COORDINATOR must be host:port, got {given!r}")
+            return f"{host}:{parse_port(port_text, 'the port of COMMBENCH_JAX_COORDINATOR')}"
 
         prepare_torch_env(info)
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if key not in os.environ:
                 raise UsageError(f"backend jax needs {key} for its coordinator (torchrun sets it; commbench run --np "
                                  f"sets it), or COMMBENCH_JAX_COORDINATOR=host:port")
-        port = int(os.environ["MASTER_PORT"]) + (1 if os.environ.get("TORCHELASTIC_RUN_ID") else 0)
+        port = parse_port(os.environ["MASTER_PORT"], "MASTER_PORT") + (1 if os.environ.get("TORCHELASTIC_RUN_ID")
+                                                                        else 0)
         if info.world > 1:  # the torch backends' check: an address a rank cannot reach is one line, at once
             prepare_rendezvous(os.environ["MASTER_ADDR"], str(port))
         return f"{os.environ['MASTER_ADDR']}:{port}"
@@ -454,8 +463,16 @@ class JaxBackend:
             from .gpus import visible_gpus
 
             local = [info.local_rank % max(1, visible_gpus())]
-        jax.distributed.initialize(self.coordinator(info), num_processes=info.world, process_id=info.rank,
-                                   local_device_ids=local)
+        coordinator = self.coordinator(info)
+        # JAX aborts the process (a C++ fatal check, after its own 300 s) when a task never
+        # registers: the ranks first meet where the coordinator will listen, within the run's
+        # --timeout, and only a launch that is all there starts JAX.
+        host, _, port = coordinator.rpartition(":")
+        what = ("COMMBENCH_JAX_COORDINATOR" if os.environ.get("COMMBENCH_JAX_COORDINATOR") is not None
+                else "the jax coordinator (MASTER_ADDR:MASTER_PORT)")
+        meet(host.strip("[]"), int(port), info.rank, info.world, self.rendezvous_s, what)
+        jax.distributed.initialize(coordinator, num_processes=info.world, process_id=info.rank,
+                                   local_device_ids=local, initialization_timeout=max(10, int(self.rendezvous_s)))
         from jax._src.distributed import global_state
 
         self.client = global_state.client

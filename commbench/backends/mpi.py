@@ -1,6 +1,8 @@
 """mpi4py backend: numpy buffers on CPU, cupy buffers on CUDA when the MPI is CUDA-aware."""
 from __future__ import annotations
 
+import os
+
 import functools
 import mmap
 
@@ -247,6 +249,11 @@ class MpiBackend:
             raise UsageError(f"backend mpi: unknown device {self.device!r} (cpu or cuda)")
 
     def init(self, launch) -> MpiComm:
+        if launch.launcher == "none" and launch.world == 1:
+            # A singleton (no mpirun): Open MPI's shared-memory transport would leave its
+            # 16 MiB /dev/shm/sm_segment.* behind (the launcher that would remove it is absent),
+            # and one process talks only to itself.
+            os.environ.setdefault("OMPI_MCA_btl", "self")
         from mpi4py import MPI
 
         if self.device == "cuda":

@@ -277,3 +277,140 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --- bounded start-up: every wait before the watchdog is armed ends by the run's --timeout ----
+
+def parse_port(text: str, name: str) -> int:
+    """A TCP port from a variable or flag named `name`, or one line naming it."""
+    try:
+        port = int(str(text).strip())
+    except ValueError:
+        raise UsageError(f"{name} must be a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"{name}={port} is not a TCP port (1-65535)")
+    return port
+
+
+def agent_store() -> bool:
+    """Under torchrun the agent's own store already listens on MASTER_PORT, by design."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("true", "1")
+
+
+def check_port_free(port: int, name: str) -> None:
+    """Rank 0 is about to listen on port: one line naming `name` when another process
+    already does (torch's store and JAX's coordinator fail there with a trace, or a crash)."""
+    import errno
+    import socket
+
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a previous run is no conflict
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"{name}: port {port} is in use on this host (another process listens there): "
+                                 f"choose another") from None
+            if e.errno != errno.EADDRNOTAVAIL:
+                raise UsageError(f"{name}: cannot listen on port {port}: {e.strerror or e}") from None
+        finally:
+            s.close()
+
+
+# The bytes of the start-up meeting (meet): a rank's hello, and rank 0's answers.
+_GO, _OFF = b"go", b"no"
+
+
+def meet(addr: str, port: int, rank: int, world: int, bound_s: float, what: str) -> None:
+    """Every rank of the launch meets at addr:port before a library that cannot be stopped
+    (JAX's coordinator aborts the process, with a C++ trace, when a task never registers) is
+    started there. Rank 0 listens; the others connect, retrying until bound_s; rank 0 waits
+    bound_s for all of them, then tells each to go on, or that the meeting is off. Either
+    way every rank ends within about bound_s, with one line naming who did not come. The
+    listener is closed before the library takes the port (the callers hang up first, so no
+    connection lingers in TIME_WAIT on rank 0's side)."""
+    import socket
+    import struct
+    import time
+
+    deadline = time.monotonic() + bound_s
+    if rank == 0:
+        check_port_free(port, what)
+        if world == 1:
+            return
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("", port))
+        srv.listen(world)
+        came: dict[int, socket.socket] = {}
+        try:
+            while len(came) < world - 1 and time.monotonic() < deadline:
+                srv.settimeout(max(0.05, deadline - time.monotonic()))
+                try:
+                    c, _ = srv.accept()
+                except (TimeoutError, socket.timeout):
+                    break
+                c.settimeout(REACH_TIMEOUT_S)
+                try:
+                    got = c.recv(4)
+                    r = struct.unpack("!i", got)[0] if len(got) == 4 else -1
+                except (OSError, struct.error):
+                    r = -1
+                if 0 < r < world and r not in came:
+                    came[r] = c
+                else:
+                    c.close()
+            answer = _GO if len(came) == world - 1 else _OFF
+            for c in came.values():
+                try:
+                    c.sendall(answer)
+                    c.recv(1)  # the caller hangs up first
+                except OSError:
+                    pass
+        finally:
+            for c in came.values():
+                c.close()
+            srv.close()
+        if answer == _OFF:
+            missing = [r for r in range(1, world) if r not in came]
+            raise UsageError(f"{what} {addr}:{port}: rank 0 waited {bound_s:g} s (--timeout) for the other ranks; "
+                             f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {world} never "
+                             f"came: start every rank, or check the address")
+        return
+    with connect_within(addr, port, deadline, bound_s, what) as c:
+        try:
+            c.sendall(struct.pack("!i", rank))
+            # Rank 0 waits up to its own bound for the last rank: as long, and a little more.
+            c.settimeout(bound_s + REACH_TIMEOUT_S)
+            answer = c.recv(len(_GO))
+        except OSError:
+            answer = b""
+    if answer == _GO:
+        return
+    raise UsageError(f"{what} {addr}:{port}: rank 0 gave up waiting for another rank (within --timeout "
+                         f"{bound_s:g} s): start every rank")
+
+
+def connect_within(addr: str, port: int, deadline: float, bound_s: float, what: str):
+    """A connection to rank 0's listener at addr:port, retried until the monotonic
+    deadline (rank 0 may start later than this rank), or one line saying why not."""
+    import socket
+    import time
+
+    why = "no rank 0 there"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UsageError(f"{what} {addr}:{port}: rank 0 did not answer within {bound_s:g} s (--timeout) "
+                             f"({why}): start rank 0, or check the address")
+        try:
+            return socket.create_connection((addr, port), timeout=min(REACH_TIMEOUT_S, left))
+        except (ConnectionRefusedError, TimeoutError, socket.timeout) as e:
+            why = "connection refused" if isinstance(e, ConnectionRefusedError) else "no answer"
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        except OSError as e:  # no route, no such host: waiting does not help
+            raise UsageError(f"{what} {addr}:{port}: cannot reach it: {e.strerror or e}") from None

@@ -5,6 +5,8 @@ import contextlib
 import functools
 import os
 import weakref
+import sys
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -12,6 +14,7 @@ import numpy as np
 from commbench.core.errors import UsageError
 from commbench.backends.gpuhold import hold_cap_s, make_holds
 from commbench.backends.timing import (NoHold, choose_ops_per_batch, choose_ops_per_replay, time_held, time_steps_with_events, time_with_events, time_with_graph)
+from commbench.backends.rendezvous import agent_store, check_port_free, connect_within, parse_port, prepare_rendezvous
 from .base import Comm, Handle
 
 
@@ -391,9 +394,41 @@ class _IdentitySet:
             return id(obj) in self._strong
 
 
+@contextlib.contextmanager
+def _stderr_held():
+    """The C++ library's retry warnings and stack frames while it waits for the other ranks
+    go to a file, not the terminal: passed on when the rendezvous succeeds, dropped when it
+    fails (its cause is one line then; COMMBENCH_DEBUG shows them: held.data)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    held = SimpleNamespace(data=b"")
+    with tempfile.TemporaryFile() as f:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield held
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            held.data = f.read()
+    if held.data:  # reached only when the body succeeded
+        os.write(2, held.data)
+
+
+# The rendezvous bound when no run's --timeout is given (the suite's default timeout_s), and
+# the library's own limit on one operation (the watchdog, armed per phase, ends a hang first).
+RENDEZVOUS_DEFAULT_S = 300.0
+OP_TIMEOUT_S = 600.0
+
+
 class TorchBackend:
     def __init__(self, name: str, device: str | None):
         self.name = name
+        # How long start-up may wait for the other ranks (the run's --timeout; runner.start).
+        self.rendezvous_s = RENDEZVOUS_DEFAULT_S
         self.device = device or ("cuda" if name == "nccl" else "cpu")
         if name == "nccl" and self.device != "cuda":
             raise UsageError("backend nccl runs on cuda only")
@@ -410,15 +445,40 @@ class TorchBackend:
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if key not in os.environ:
                 raise UsageError(f"backend {self.name} needs {key} (torchrun sets it; commbench run --np sets it)")
+        addr, port = os.environ["MASTER_ADDR"], parse_port(os.environ["MASTER_PORT"], "MASTER_PORT")
         if launch.world > 1:
-            from commbench.backends.rendezvous import prepare_rendezvous
-
-            prepare_rendezvous(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+            prepare_rendezvous(addr, str(port))
+        if launch.rank == 0 and not agent_store():
+            check_port_free(port, "MASTER_PORT")
         kwargs = {}
         if self.device == "cuda":
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group(self.name, rank=launch.rank, world_size=launch.world,
-                                timeout=timedelta(seconds=600), **kwargs)
+        # The rendezvous waits for every rank at most the run's --timeout (torch's own default
+        # is 10 minutes, before the watchdog is armed); the operations then get OP_TIMEOUT_S.
+        bound_s = self.rendezvous_s
+        if launch.rank > 0 and not agent_store():
+            # torch's client retries with a back-off that can run to twice the bound: wait
+            # for rank 0's store here, within it, and give torch what is left.
+            t0 = time.monotonic()
+            connect_within(addr, port, t0 + bound_s, bound_s, "the rendezvous (MASTER_ADDR:MASTER_PORT)").close()
+            bound_s = max(1.0, bound_s - (time.monotonic() - t0))
+        try:
+            with _stderr_held() as held:
+                dist.init_process_group(self.name, rank=launch.rank, world_size=launch.world,
+                                        timeout=timedelta(seconds=bound_s), **kwargs)
+        except (dist.DistError, RuntimeError, ValueError) as e:
+            if os.environ.get("COMMBENCH_DEBUG"):
+                os.write(2, held.data)
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            raise UsageError(f"backend {self.name}: rank {launch.rank} of {launch.world}: the process group at "
+                             f"{addr}:{port} (MASTER_ADDR:MASTER_PORT) did not start (start-up waits at most "
+                             f"{self.rendezvous_s:g} s, --timeout): {first[:300]}") from e
+        try:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+        except ImportError:  # an older torch: its operations keep the rendezvous bound
+            _set_pg_timeout = None
+        if _set_pg_timeout is not None:
+            _set_pg_timeout(timedelta(seconds=OP_TIMEOUT_S))
         # The ranks meet on the host before releasing a held stream (TorchComm._meet).
         host = dist.new_group(backend="gloo") if self.device == "cuda" and launch.world > 1 else None
         self.world = TorchComm(None, launch.rank, launch.world, self.name, self.device, host_group=host)

@@ -318,6 +318,9 @@ def registry() -> dict[str, Benchmark]:
             importlib.import_module(mod.strip())
         except ImportError as e:
             raise UsageError(f"COMMBENCH_PLUGINS: cannot import {mod!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 (a plug-in's own bug, a syntax error: named, in one line)
+            raise UsageError(f"COMMBENCH_PLUGINS: plug-in {mod.strip()!r} failed to load: "
+                             f"{type(e).__name__}: {e}") from e
     return dict(_REGISTRY)
 
 

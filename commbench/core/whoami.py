@@ -18,6 +18,7 @@ class LaunchInfo:
     world: int
     local_rank: int
     launcher: str  # mpirun | mpich | srun | torchrun | none
+    source: str = ""  # the variables rank and world were read from, for messages that name them
 
 
 def _int(env, *keys):
@@ -27,20 +28,40 @@ def _int(env, *keys):
     return None
 
 
+def _named(env, *keys) -> str:
+    return ", ".join(f"{k}={env[k]}" for k in keys if k in env)
+
+
+# Open MPI's launcher (mpirun/prterun, or srun with PMIx) always sets some of these beside
+# OMPI_COMM_WORLD_*: without any, the OMPI_* variables were left in the shell by an earlier job.
+_OMPI_COMPANIONS = ("PMIX_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "PRTE_")
+
+
 def detect(env=None) -> LaunchInfo:
-    """Rank, world and local rank from whichever launcher started this process."""
+    """Rank, world and local rank from whichever launcher started this process. A rank
+    variable without its world size, or Open MPI's without the launcher's own, is a stale
+    variable: refused, naming it, rather than read as a launch."""
     env = os.environ if env is None else env
-    if _int(env, "OMPI_COMM_WORLD_RANK") is not None:
-        return LaunchInfo(_int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                          _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0, "mpirun")
+    if "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env:
+        rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+        given = _named(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+        if rank is None or world is None or not 0 <= rank < world:
+            raise UsageError(f"{given} in the environment is not a launch (Open MPI sets both, rank < size): "
+                             f"a stale variable? unset OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE")
+        if not any(k.startswith(_OMPI_COMPANIONS) for k in env):
+            raise UsageError(f"{given} is set but no Open MPI launcher started this process (no PMIX_* variable): "
+                             f"a stale variable? unset OMPI_COMM_WORLD_*")
+        return LaunchInfo(rank, world, _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0, "mpirun", given)
     if _int(env, "PMI_RANK") is not None and _int(env, "PMI_SIZE") is not None:
         return LaunchInfo(_int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                          _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK") or 0, "mpich")
+                          _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK") or 0, "mpich", _named(env, "PMI_RANK", "PMI_SIZE"))
     if _int(env, "SLURM_PROCID") is not None and _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") is not None:
         return LaunchInfo(_int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
-                          _int(env, "SLURM_LOCALID") or 0, "srun")
+                          _int(env, "SLURM_LOCALID") or 0, "srun",
+                          _named(env, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
     if _int(env, "RANK") is not None and _int(env, "WORLD_SIZE") is not None:
-        return LaunchInfo(_int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK") or 0, "torchrun")
+        return LaunchInfo(_int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK") or 0, "torchrun",
+                          _named(env, "RANK", "WORLD_SIZE"))
     return LaunchInfo(0, 1, 0, "none")
 
 

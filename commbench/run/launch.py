@@ -15,10 +15,42 @@ from commbench.core.whoami import LaunchInfo, detect, find_mpirun, local_ranks, 
 from commbench.store.results import RunDir
 
 
+def check_launcher_pid(env=None) -> None:
+    """COMMBENCH_LAUNCHER_PID names the `run --np` launcher a rank must not outlive; one that
+    is not an ancestor of this process was left in the shell, and would end the run at once
+    (a pid that is gone) or never (another process's)."""
+    env = os.environ if env is None else env
+    text = env.get("COMMBENCH_LAUNCHER_PID")
+    if text is None:
+        return
+    if not text.isdigit() or int(text) <= 1:
+        raise UsageError(f"COMMBENCH_LAUNCHER_PID={text!r} is not a process id: a stale variable? unset it")
+    ancestors = _ancestors()
+    if ancestors is not None and int(text) not in ancestors:
+        raise UsageError(f"COMMBENCH_LAUNCHER_PID={text} names no launcher of this process (it is set by `run --np` "
+                         f"for its ranks): a stale variable? unset it")
+
+
+def _ancestors() -> set[int] | None:
+    """The pids above this process, or None where /proc cannot tell (not Linux)."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    pid, seen = os.getppid(), set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return seen
+
+
 # Variables that name one launch (a job step), so the ranks of one launch on one host can
-# agree, through a file, on which of them prints a message they all have.
+# agree, through a file, on which of them prints a message they all have. Only variables a
+# launcher sets afresh for each launch: MASTER_PORT or RANK left in a shell would make an
+# earlier command's marker silence this one.
 JOB_KEYS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMI_KVSNAME",
-            "TORCHELASTIC_RUN_ID", "COMMBENCH_LAUNCHER_PID", "COMMBENCH_LAUNCH_ID", "MASTER_PORT")
+            "TORCHELASTIC_RUN_ID", "COMMBENCH_LAUNCHER_PID", "COMMBENCH_LAUNCH_ID")
 # Set by spawn_local: the id of the launch it made. Rank 0 records it in meta.json with every
 # status it writes, so the launcher reads the state of its own launch there, never a state an
 # earlier launch into the same directory (a resume, another variant) left behind.
@@ -52,28 +84,52 @@ def say_marked() -> None:
 
 
 def job_key(env=None) -> str | None:
+    """The launch this process is a rank of, as one string, or None where no variable names
+    one (or the one that does is stale). The parent process is part of it: the ranks of one
+    launch on one host share it (mpirun/prted, slurmstepd, the torchrun agent, `run --np`)."""
     env = os.environ if env is None else env
     parts = [f"{k}={env[k]}" for k in JOB_KEYS if env.get(k)]
-    return ";".join(parts) or None
+    if "COMMBENCH_LAUNCHER_PID" in env:
+        try:
+            check_launcher_pid(env)
+        except UsageError:
+            return None
+    return ";".join(parts + [f"ppid={os.getppid()}"]) if parts else None
 
 
-def say_once(line: str, env=None) -> None:
+# A marker older than this is an earlier launch's (the same stale variables, the same line):
+# the ranks of one launch reach the same refusal within seconds of each other.
+SAID_MARKER_FRESH_S = 30.0
+
+
+def say_once(line: str, env=None, everywhere: bool = False) -> None:
     """Print a line every rank of the launch has (a refusal all ranks reach) once per host,
     from whichever rank gets there first, and let the others linger a moment. Rank 0 alone
     would not do: mpirun ends the job at the first non-zero exit, which can cut rank 0 off
-    before its line is out when another rank refused first."""
+    before its line is out when another rank refused first. everywhere: the command is not
+    one rank of a launch (report, compare, ...): the line is printed whatever the
+    environment says. Where the ranks cannot agree (no variable names the launch, or the
+    launch variables themselves are bad), each prints it: twice beats never."""
     import hashlib
     import tempfile
     import time
 
-    info = detect(env)
-    key = job_key(env) if info.world > 1 else None
-    first = info.world <= 1 or (key is None and info.rank == 0)
+    try:
+        info = detect(env)
+    except UsageError:
+        info = LaunchInfo(0, 1, 0, "none")
+    key = job_key(env) if info.world > 1 and not everywhere else None
+    first = True
     if key is not None:
-        name = "commbench-said-" + hashlib.sha1(f"{key};{line}".encode()).hexdigest()[:20]
+        name = os.path.join(tempfile.gettempdir(),
+                            "commbench-said-" + hashlib.sha1(f"{key};{line}".encode()).hexdigest()[:20])
         try:
-            os.close(os.open(os.path.join(tempfile.gettempdir(), name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            first = True
+            if time.time() - os.stat(name).st_mtime > SAID_MARKER_FRESH_S:
+                os.unlink(name)
+        except OSError:
+            pass
+        try:
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
             first = False
         except OSError:
@@ -173,9 +229,13 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
             base_env.setdefault("COMMBENCH_TTY_PATH", os.ttyname(sys.stdout.fileno()))
         except OSError:
             pass
+    # Not a terminal: the job's output comes through this launcher, so a reader that leaves
+    # (`| head -1`) costs only the console output; mpirun would abort on the closed pipe and
+    # take the job with it.
+    out = None if sys.stdout.isatty() else subprocess.PIPE
     if backend == "mpi":
         # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
-        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=base_env)]
+        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=base_env, stdout=out)]
     else:
         port = free_port()
         procs = []
@@ -183,7 +243,8 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
             env = dict(base_env, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
-                                          start_new_session=True))
+                                          start_new_session=True, stdout=out))
+    relays = [_relay(p.stdout) for p in procs if p.stdout is not None]
     # SIGTERM or SIGHUP to the launcher (a scheduler's stop, a closed terminal) is passed to
     # the job, which marks the run and ends; the launcher waits for it, as for Ctrl-C.
     got: list[int] = []
@@ -194,6 +255,8 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
+        for t in relays:  # the job's last lines; a rank's orphan holding the pipe is not waited for
+            t.join(RELAY_DRAIN_S)
     interrupted = status == 130
     marked = marked_path(launch_id)
     if out_dir:
@@ -201,6 +264,38 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
         RunDir(out_dir).settle(status, interrupted or bool(got), why, marked=marked.exists())
     marked.unlink(missing_ok=True)
     return status
+
+
+# How long the launcher waits, after the job ended, for the rest of its output.
+RELAY_DRAIN_S = 5.0
+
+
+def _relay(pipe):
+    """Copy a child's stdout to ours as it comes (sys.stdout drops it once its reader has
+    left: cli._DroppingStdout), in a thread of its own."""
+    import codecs
+    import threading
+
+    def copy():
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fd = pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            try:
+                sys.stdout.write(decode.decode(chunk))
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass  # nowhere to show it: the rows are in the run directory all the same
+        pipe.close()
+
+    t = threading.Thread(target=copy, daemon=True, name="commbench-relay")
+    t.start()
+    return t
 
 
 def _signal_session(p, sig) -> None:

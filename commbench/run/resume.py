@@ -14,7 +14,7 @@ from commbench.core.schema import point_key
 from commbench.run import launch, plan, runner, suite
 from commbench.run.launch_variants import resume_variants
 from commbench.run.variants import plan as plan_variants
-from commbench.store.results import RunDir, RunLock, held_by_my_launcher, hold_for_launch, load_meta
+from commbench.store.results import RunDir, RunLock, check_out_dir, held_by_my_launcher, hold_for_launch, load_meta
 
 # What a run measures and how: with --resume, the run's own values hold, and a flag that
 # would change them is refused rather than ignored (rows of one run measured two ways).
@@ -97,6 +97,9 @@ def config_of_run(args):
     """The suite, backend and launch shape of the run to continue, from its meta.json."""
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
+    if meta.get("imported_from") or meta.get("source_format"):
+        raise UsageError(f"--resume {d}: an imported run (from {meta.get('source') or meta.get('source_format')}), "
+                         f"not one commbench measured: nothing to resume")
     holder = RunLock(d).busy() if d.is_dir() and not held_by_my_launcher(d) else None
     if holder:
         raise UsageError(f"--resume {d}: the run is still running ({holder}); a run has one writer at a time")
@@ -105,6 +108,7 @@ def config_of_run(args):
     if meta.get("status") in ("complete", "check_failed"):
         raise UsageError(f"--resume {d}: the run is {meta['status']}; a finished run is never overwritten "
                          f"(start a new one)")
+    check_out_dir(d, "--resume")  # its lock and rows are written: a read-only place is refused here
     given = resume_conflicts(args, meta)
     if given:
         raise UsageError(f"--resume {d} continues the run with its own settings: drop {given[0]}, or start a "

@@ -304,6 +304,7 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     if backend_name in ("gloo", "nccl"):
         rendezvous.prepare_torch_env(info)
     backend = backends.create(backend_name, device)
+    backend.rendezvous_s = cfg.timeout_s  # start-up waits no longer than the run's --timeout
     world = backend.init(info)
     if backend_name == "mpi":
         # An MPI that cannot see the launcher's job makes each process a world of 1: refused,

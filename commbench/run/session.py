@@ -27,6 +27,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     ranks), overrides_p the profile flags."""
     if args.np is not None:
         launch.check_local_ranks(args.np)
+    else:  # one rank of a launch: the launcher it watches must be its own
+        launch.check_launcher_pid()
     if args.master_addr is not None:
         if not args.master_addr.strip() or any(c.isspace() for c in args.master_addr):
             raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
@@ -107,7 +109,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     check_free_space(args.out or "results", len(points))
     if not external:
         if info.world > 1:
-            raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks: drop --np")
+            raise UsageError(f"--np {args.np} given inside a launch of {info.world} ranks ({info.source}): drop "
+                             f"--np, or unset those variables if no launcher started this")
         # The sweep was validated above (expand, plan), before any rank starts or a directory appears.
         ok, why = backends.availability(backend)
         if not ok:

@@ -124,21 +124,29 @@ def base_meta(argv: list[str]) -> dict:
     }
 
 
-def check_out_dir(path) -> None:
+def check_out_dir(path, flag: str = "--out") -> None:
     """A result directory must be one that can be made and written: a path under a regular
     file, a device such as /dev/null, or a read-only place is refused in one line, before
     any rank starts (a rank that finds it out alone leaves the others waiting)."""
 
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise UsageError(f"--out {p}: exists and is not a directory")
+        raise UsageError(f"{flag} {p}: exists and is not a directory")
     q = p
     while not q.exists() and q != q.parent:
         q = q.parent
     if not q.is_dir():
-        raise UsageError(f"--out {p}: {q} is not a directory")
+        raise UsageError(f"{flag} {p}: {q} is not a directory")
     if not os.access(q, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {p}: {q} is not writable")
+        raise UsageError(f"{flag} {p}: {q} is not writable" + (" (a read-only filesystem)" if _read_only_fs(q)
+                                                                else ""))
+
+
+def _read_only_fs(path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_free_space(path, planned_rows: int) -> None:
@@ -185,9 +193,12 @@ class RunLock:
         import fcntl
         import socket
 
-
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only mount, a full disk, no permission: one line, not a traceback
+            raise UsageError(f"{self.dir}: cannot take the run's lock {self.path.name}: "
+                             f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -272,7 +283,15 @@ class RunDir:
 
     def read_meta(self) -> dict:
         p = self.meta_path
-        self.meta = json.loads(p.read_text()) if p.is_file() else {}
+        try:
+            self.meta = json.loads(p.read_text()) if p.is_file() else {}
+        except ValueError as e:  # cut short by a full disk or a copy, or emptied
+            what = "empty" if not p.read_bytes().strip() else f"not JSON ({e.msg}, line {e.lineno})"
+            raise UsageError(f"{p}: {what}: the run's record is damaged (its rows are in rows.jsonl)") from None
+        except OSError as e:
+            raise UsageError(f"{p}: cannot read: {e.strerror or e}") from None
+        if not isinstance(self.meta, dict):
+            raise UsageError(f"{p}: not a commbench run's meta.json (a JSON {type(self.meta).__name__})")
         return self.meta
 
     def rows(self) -> list[dict]:
@@ -377,7 +396,7 @@ class RunDir:
             self.read_meta()
             self.meta["teardown"] = f"after the run was marked: {why}"
             self.write_meta()
-        except (OSError, ValueError):
+        except (OSError, ValueError, UsageError):
             pass
 
     def settle(self, exit_status: int, interrupted: bool, why: str | None = None, marked: bool | None = None) -> None:
@@ -389,7 +408,7 @@ class RunDir:
         and stays."""
         try:
             self.read_meta()
-        except (OSError, ValueError):
+        except (OSError, ValueError, UsageError):
             return
         status = self.meta.get("status")
         ours = marked is None or marked
