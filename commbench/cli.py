@@ -561,9 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "import":
             from .importers import import_to_run
 
-            out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
-                                            in_place=not args.no_in_place)
-            print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
+            out, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
+                                      in_place=not args.no_in_place)
+            print(f"imported {meta['points']} rows ({', '.join(meta['benchmarks'])}, "
                   f"world {meta['world']}) from {meta['source']}: {out}")
             for note in meta.get("import_notes") or []:
                 print(f"note: {note}")
