@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
-from .report import METRIC_NAMES, own_metrics_caption
+from .report import METRIC_NAMES, own_metrics_caption, time_caption
 from .results import params_dict
 from .units import fmt_size
 from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, text
@@ -154,7 +154,8 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: di
             cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
         cells.append(text(r.get("check")))
         rows.append(cells)
-    note = f"{b.formula}; p50/p99 of the slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+    caption = time_caption(g.to_dict("records")).replace("time = slowest rank", "p50/p99 of the slowest rank")
+    note = f"{b.formula}; {caption}; GB = 1e9 B".lstrip("; ")
     if "source" in g.columns and g["source"].map(has).any():
         note += "; imported rows: p50 is the tool's mean time"
     return Section(bench, note, heads, rows, figs, findings=found)

@@ -63,6 +63,26 @@ def _varies(rs, key, within: str | None = None) -> bool:
     return any(len(v) > 1 for v in groups.values())
 
 
+def time_caption(rs) -> str:
+    """How the rows' time was measured: commbench's slowest rank per iteration, or, for
+    imported rows, what the source tool measured (the row's time_measured)."""
+    own = imported = False
+    how: list[str] = []
+    for r in rs:
+        if r.get("timing") == "imported":
+            imported = True
+            m = r.get("time_measured")
+            m = m if isinstance(m, str) and m else "the tool's own time (source unknown)"
+            if m not in how:
+                how.append(m)
+        else:
+            own = True
+    if not imported:
+        return "time = slowest rank per iteration"
+    out = "time = " + "; ".join(how)
+    return f"time = slowest rank per iteration (imported rows: {out[7:]})" if own else out
+
+
 def collective_table(bench: str, b, rs: list[dict], plain: bool):
     """The generic table of one benchmark's rows. The point's identity (world, size, and
     run, variant, placement, dtype, params, stage where they vary), p50, busbw and the
@@ -85,7 +105,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     sample = next((r.get("sample") for r in rs if r.get("sample")), None)
     dtypes = sorted({text(r.get("dtype")) for r in rs})
     t = table(f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
-              f"{note}; time = slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+              f"{note}; {time_caption(rs)}; GB = 1e9 B".lstrip("; ")
               + ("" if len(dtypes) > 1 else f"; dtype {dtypes[0]}")
               + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
               + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
@@ -106,7 +126,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
                 "placement": text(r.get("placement")) or "-", "dtype": text(r.get("dtype")),
                 "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
                 "size (B)": fmt_size(int(r["nbytes"])), "iters": text(r.get("iters")),
-                "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": f"{r['time_us_p99']:.2f}",
+                "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": _num(r.get("time_us_p99"), 2),
                 "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
                 "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
                 "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
