@@ -7,7 +7,7 @@ import sys
 
 from .analysis import presenters
 from .units import fmt_size
-from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
+from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, records, table, text
 
 
 def stdout_is_tty() -> bool:
@@ -40,7 +40,7 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     from .benchmarks.base import for_rows
 
     if hasattr(rows, "to_dict"):
-        rows = rows.to_dict("records")
+        rows = records(rows)
     console = console or _console()
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
@@ -108,7 +108,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
               f"{note}; {time_caption(rs)}; GB = 1e9 B".lstrip("; ")
               + ("" if len(dtypes) > 1 else f"; dtype {dtypes[0]}")
               + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
-              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
+              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain, nrows=len(rs))
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True),
             ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
             ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
@@ -121,17 +121,23 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
         add_column(t, name, left, level, wrap=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
+    # Each shown column's cell of a row (only those: a table may hold 300k rows).
+    cell = {"run": lambda r: text(r.get("run")), "world": lambda r: str(r["world"]),
+            "variant": lambda r: text(r.get("variant")) or "default",
+            "placement": lambda r: text(r.get("placement")) or "-", "dtype": lambda r: text(r.get("dtype")),
+            "params": lambda r: b.describe(r.get("params") or {}), "stage": lambda r: text(r.get("stage")),
+            "size (B)": lambda r: fmt_size(int(r["nbytes"])), "iters": lambda r: text(r.get("iters")),
+            "p50 (us)": lambda r: f"{r['time_us_p50']:.2f}", "p99 (us)": lambda r: _num(r.get("time_us_p99"), 2),
+            "host (us/op)": lambda r: _num(r.get("host_us_per_op"), 2),
+            "algbw (GB/s)": lambda r: _num(r.get("algbw_gbps"), 3),
+            "busbw (GB/s)": lambda r: _num(r.get("busbw_gbps"), 3),
+            "bound (us)": lambda r: _num(r.get("time_bound_us"), 2),
+            "ceiling (GB/s)": lambda r: _num(r.get("ceiling_gbps"), 1),
+            "% line": lambda r: _num(r.get("pct_of_ceiling"), 1),
+            "% achieved": lambda r: _num(r.get("pct_of_achieved"), 1), "check": lambda r: text(r.get("check"))}
+    shown = [cell[name] for name, *_ in cols]
     for r in rs:
-        cell = {"run": text(r.get("run")), "world": str(r["world"]), "variant": text(r.get("variant")) or "default",
-                "placement": text(r.get("placement")) or "-", "dtype": text(r.get("dtype")),
-                "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
-                "size (B)": fmt_size(int(r["nbytes"])), "iters": text(r.get("iters")),
-                "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": _num(r.get("time_us_p99"), 2),
-                "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
-                "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
-                "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
-                "% achieved": _num(r.get("pct_of_achieved"), 1), "check": text(r.get("check"))}
-        t.add_row(*[cell[name] for name, *_ in cols])
+        t.add_row(*[f(r) for f in shown])
     return t
 
 
@@ -206,7 +212,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
         t = table("weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
                   "collectives: busbw, " + ("at every size" if wide else
                                              "at the largest size measured at several worlds (--wide: every size)")
-                  + own_metrics_caption(sc), plain)
+                  + own_metrics_caption(sc), plain, nrows=len(rs))
         cols = [("run", True, _varies(rs, "run")), ("benchmark", True, True),
                 ("variant", True, _varies(rs, "variant", "benchmark")),
                 ("placement", True, _varies(rs, "placement", "benchmark")),
@@ -233,7 +239,8 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
         fr = ft.to_dict("records")
         t = table("alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
                   f"n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F; sweeps of at least "
-                  f"{MIN_FIT_SIZES} sizes" + ("" if _varies(fr, "dtype") else f"; dtype {text(fr[0]['dtype'])}"), plain)
+                  f"{MIN_FIT_SIZES} sizes" + ("" if _varies(fr, "dtype") else f"; dtype {text(fr[0]['dtype'])}"), plain,
+                  nrows=len(fr))
         cols = [("run", True, ALWAYS, _varies(fr, "run")), ("benchmark", True, ALWAYS, True),
                 ("world", False, ALWAYS, True), ("variant", True, ALWAYS, _varies(fr, "variant", "benchmark")),
                 ("placement", True, ALWAYS, _varies(fr, "placement", "benchmark")),
