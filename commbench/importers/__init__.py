@@ -196,9 +196,9 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
         k = row["point_key"]
         if k in keys:
             raise UsageError(f"the files measure the same point twice ({k}): import them into separate runs")
-        keys.add(k)
-        benches.add(row["benchmark"])
         run.append(row, flush=False)
+        keys.add(k)  # after the write: the count an interrupted import reports is what rows.jsonl holds
+        benches.add(row["benchmark"])
 
     metas = []
     try:
