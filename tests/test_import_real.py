@@ -203,3 +203,15 @@ def test_report_footer_says_how_the_source_measured(tmp_path):
     r = run_cli("report", str(d))
     assert r.returncode == 0, r.stderr
     assert "average over ranks of each rank's mean" in r.stdout and "slowest rank per iteration" not in r.stdout
+
+
+def test_a_world_the_bandwidths_contradict_is_said():
+    """nccl-tests' busbw = algbw x its factor for the world it ran (both to 2 decimals)."""
+    for name, kw in (("aws_srun_label_allreduce_p5.txt", {"world": 16}),
+                     ("coreweave_gb200_nvl72_72r_excerpt.txt", {"benchmark": "all_reduce"}),
+                     ("a3mega_nccl_allreduce_16r.txt", {}), ("superbench_nccl_alltoall.log", {})):
+        assert "busbw/algbw" not in _notes(import_file(REAL / name, **kw)[1]), name
+    _, meta = import_file(REAL / "aws_srun_label_allreduce_p5.txt", world=8)
+    assert "line 17: the file's busbw/algbw = 1.883, but all_reduce at world 8 has factor 1.750" in _notes(meta)
+    _, meta = import_file(REAL / "coreweave_gb200_nvl72_72r_excerpt.txt", benchmark="all_reduce", world=144)
+    assert "busbw/algbw = 1.972, but all_reduce at world 144 has factor 1.986" in _notes(meta)

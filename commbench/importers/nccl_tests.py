@@ -12,7 +12,7 @@ import math
 import re
 
 from ..results import ENV_PREFIXES
-from .rows import Notes, benchmark_name, check_status, err, fnum, make_row, name_from_filename, numbered_lines, run_meta
+from .rows import Notes, benchmark_name, busbw_factor, check_status, err, fnum, make_row, name_from_filename, numbered_lines, run_meta
 
 # nccl-tests type names -> commbench dtype names.
 _NCCL_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
@@ -90,6 +90,7 @@ class _NcclBlock:
         self.world = None
         self.skipped = self.invalid = self.rows = 0
         self.last_data = None
+        self.ratio_checked = False
 
 
 def _parse_nccl_params(body: str) -> dict:
@@ -174,7 +175,7 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
         b = cur
         d = _nccl_data_line(path, lineno, toks, b.header)
         b.last_data = lineno
-        _emit_rows(path, lineno, d, b, emit)
+        _emit_rows(path, lineno, d, b, emit, notes)
 
     for i, s in numbered_lines(lines):
         nlines = i
@@ -288,7 +289,22 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
     return meta
 
 
-def _emit_rows(path, lineno: int, d: dict, b: _NcclBlock, emit) -> None:
+def _check_world(b: _NcclBlock, lineno: int, algbw: float, busbw, notes) -> None:
+    """nccl-tests' busbw is its algbw times its factor for the world it ran, both printed
+    to two decimals: a world whose factor is off by more than that rounding (a cut rank
+    list, a wrong --world) is said. Checked once per table, on its first line with algbw
+    >= 1 GB/s."""
+    b.ratio_checked = True
+    f = busbw_factor(b.bench, b.world)
+    if busbw is None or not math.isfinite(busbw) or f <= 0:
+        return
+    ratio = busbw / algbw
+    if abs(ratio - f) > 0.0051 / algbw * (1 + ratio) + 1e-4:
+        notes.add(f"line {lineno}: the file's busbw/algbw = {ratio:.3f}, but {b.bench} at world {b.world} has "
+                  f"factor {f:.3f}: the run had another rank count (check --world)")
+
+
+def _emit_rows(path, lineno: int, d: dict, b: _NcclBlock, emit, notes) -> None:
     """The rows of one size line (its out-of-place and in-place halves)."""
     h = b.header
     nbytes = d["lead"]["size"]
@@ -310,6 +326,8 @@ def _emit_rows(path, lineno: int, d: dict, b: _NcclBlock, emit) -> None:
         if t is None:  # zero, negative or NaN (_nccl_data_line): said, never silent
             b.invalid += 1
             continue
+        if not b.ratio_checked and (v.get("algbw") or 0) >= 1.0:
+            _check_world(b, lineno, v["algbw"], v.get("busbw"), notes)
         stats, spread, note = {}, "none", "only the mean: min/p90/p99/max are not in the file"
         if v.get("i_min") is not None:
             stats = {"time_us_min": v.get("i_min"), "time_us_max": v.get("i_max"), "time_us_p99": v.get("i_p99")}
