@@ -9,10 +9,11 @@ file and line.
 How the tools' numbers map onto a row (README "Reports, compare, import"):
 
 - time_us_p50 and time_us_mean are the tool's time, which is a MEAN over its iterations
-  (nccl-tests: the loop average; OSU: the average over iterations and ranks). The other
-  percentiles come from per-iteration statistics when the file has them (nccl-tests -I
-  columns, -J per-iteration objects, OSU P90/P99 columns); otherwise they equal the mean,
-  and the row's `source` says so. `spread` says what the spread is known from: "std"
+  (nccl-tests: rank 0's loop average; OSU: the average over ranks of their means); the
+  row's `time_measured` says which, and the report's footer shows it. The other
+  statistics come from per-iteration statistics when the file has them (nccl-tests -I
+  columns, -J per-iteration objects, OSU P90/P99 columns); otherwise they are NaN, never
+  another number standing in, and the row's `source` says so. `spread` says what the spread is known from: "std"
   (time_us_std is real) or "none" (only the mean is known).
 - algbw/busbw are the tool's own numbers; busbw_factor is commbench's factor for the same
   S definition (nccl-tests' S is commbench's). OSU sizes are per peer for allgather and
@@ -23,8 +24,9 @@ How the tools' numbers map onto a row (README "Reports, compare, import"):
 - check: #wrong 0 -> "ok", N/A (unchecked) -> "skipped", > 0 -> "fail"; OSU: Validation
   Pass/Fail, else "skipped".
 
-nccl_tests and osu parse their tool's output; rows builds the rows and meta.json every
-parser shares and writes the result directory; this module tells the formats apart.
+nccl_tests, nccl_json and osu parse their tool's output, each row handed on as it is read;
+rows builds the rows and meta.json every parser shares; this module tells the formats apart
+and streams the rows into the result directory.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..results import RunDir, Status
-from .nccl_tests import parse_nccl_json, parse_nccl_stdout
+from .nccl_json import parse_nccl_json
+from .nccl_tests import parse_nccl_stdout
 from .osu import OSU_TITLE_RE, parse_osu
 from .rows import SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, numbered_lines, write_imported_run
 

@@ -1,8 +1,9 @@
-"""OSU micro-benchmarks collective stdout (osu_allreduce, osu_alltoall, ... and the
-non-blocking osu_i* tests), read by its column titles (-f adds min/max, newer versions
-P50/P90/P99 and Validation).
+"""OSU micro-benchmarks stdout: the collectives (osu_allreduce, osu_alltoall, ...,
+osu_barrier, and the non-blocking osu_i* tests) and the point-to-point osu_latency, osu_bw
+and osu_bibw (send_recv rows, world 2), read by their column titles (-f adds min/max, newer
+versions P50/P90/P99 and Validation). Other OSU tests in a log are said in the notes.
 
-OSU does not print the rank count, so --world gives it. Its size is what one rank sends
+OSU does not print the rank count of a collective, so --world gives it. Its size is what one rank sends
 to one peer for allgather and alltoall, so nbytes = size x world there (commbench's S; the
 file's size is kept as `tool_nbytes`). The time is OSU's average over iterations and
 ranks. A non-blocking test becomes an `overlap` row (Overall, Compute, Pure Comm.)."""
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import UsageError
 from ..stats import bandwidths_gbps
 from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, run_meta
 
@@ -285,8 +285,8 @@ def _emit_row(path, lineno: int, v: dict, t: _OsuTable, world, emit) -> None:
 
 # No message is larger than this (1 PiB): a bigger size is a corrupt line, not a result.
 MAX_SIZE = 1 << 50
-_TIME_COLUMNS = {"avg": "Avg Latency(us)", "bw": "Bandwidth (MB/s)", "min": "Min Latency(us)", "max": "Max Latency(us)", "p50": "P50",
-                 "p90": "P90", "p99": "P99", "overall": "Overall(us)", "pure": "Pure Comm.(us)",
+_TIME_COLUMNS = {"avg": "Avg Latency(us)", "bw": "Bandwidth (MB/s)", "min": "Min Latency(us)",
+                 "max": "Max Latency(us)", "p50": "P50", "p90": "P90", "p99": "P99", "overall": "Overall(us)", "pure": "Pure Comm.(us)",
                  "compute": "Compute(us)"}
 
 
