@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import UsageError
 from .results import params_dict
+from .viewkit import per_params
 
 # Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one
 # size (nccl-tests' two columns) are different points: placement is a key of its own.
@@ -142,7 +143,7 @@ def _keyed(rows, keys):
         raise UsageError(f"rows lack the column(s) {', '.join(missing)}")
     for k in ("variant", "stage", "placement"):
         df[k] = df[k].map(_blank) if k in df.columns else ""
-    df["params"] = df["params"].map(params_key) if "params" in df.columns else "{}"
+    df["params"] = df["params"].map(per_params(params_key)) if "params" in df.columns else "{}"
     return df
 
 

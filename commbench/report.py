@@ -7,7 +7,8 @@ import sys
 
 from .analysis import presenters
 from .units import fmt_size
-from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, records, table, text
+from .viewkit import (ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, per_params, print_table, records,
+                      table, text)
 
 
 def stdout_is_tty() -> bool:
@@ -88,10 +89,12 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     run, variant, placement, dtype, params, stage where they vary), p50, busbw and the
     check always; p99, algbw, host time and % of the line rate while the table fits; the
     rest (iters, bound, ceiling, % achieved, a dtype that never changes) with --wide."""
+    order = per_params(lambda p: params_order(p, b.params))
+    describe = per_params(lambda p: b.describe(p or {}))
     rs = sorted(rs, key=lambda r: (text(r.get("run")), text(r.get("variant")), text(r.get("placement")),
-                                  text(r.get("dtype")), params_order(r.get("params"), b.params), text(r.get("stage")),
+                                  text(r.get("dtype")), order(r.get("params")), text(r.get("stage")),
                                   int(r["world"]), int(r["nbytes"])))
-    show_params = len({b.describe(r.get("params") or {}) for r in rs}) > 1
+    show_params = len({describe(r.get("params")) for r in rs}) > 1
     show_stage = any(r.get("stage") for r in rs)
     show_run = _varies(rs, "run")
     show_variant = _varies(rs, "variant")
@@ -125,7 +128,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     cell = {"run": lambda r: text(r.get("run")), "world": lambda r: str(r["world"]),
             "variant": lambda r: text(r.get("variant")) or "default",
             "placement": lambda r: text(r.get("placement")) or "-", "dtype": lambda r: text(r.get("dtype")),
-            "params": lambda r: b.describe(r.get("params") or {}), "stage": lambda r: text(r.get("stage")),
+            "params": lambda r: describe(r.get("params")), "stage": lambda r: text(r.get("stage")),
             "size (B)": lambda r: fmt_size(int(r["nbytes"])), "iters": lambda r: text(r.get("iters")),
             "p50 (us)": lambda r: f"{r['time_us_p50']:.2f}", "p99 (us)": lambda r: _num(r.get("time_us_p99"), 2),
             "host (us/op)": lambda r: _num(r.get("host_us_per_op"), 2),
