@@ -82,8 +82,10 @@ def generate(path: Path, target_nbytes: int, target_rows: int) -> int:
     return rows
 
 
-def measure(cmd: list[str]) -> tuple[int, float, float]:
-    """(exit status, wall s, peak RSS MiB) of one command, its output thrown away."""
+def measure(cmd: list[str]) -> tuple[int, float, float, float]:
+    """(exit status, wall s, peak RSS MiB, CPU s) of one command, its output thrown away.
+    The CPU time (user + system) is what the command cost; on a shared machine the wall
+    time also holds the time other processes had the cores."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)
@@ -92,7 +94,7 @@ def measure(cmd: list[str]) -> tuple[int, float, float]:
     err = p.stderr.read().decode(errors="replace").strip()
     if p.returncode:
         print(f"  {' '.join(cmd[2:4])} exit {p.returncode}: {err[-300:]}", flush=True)
-    return p.returncode, wall, usage.ru_maxrss / 1024.0
+    return p.returncode, wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:
@@ -110,13 +112,17 @@ def main(argv=None) -> int:
         print(f"generated {src.stat().st_size / 1e6:.0f} MB, {rows} rows in {time.perf_counter() - t0:.1f} s",
               flush=True)
         py = [sys.executable, "-m", "commbench"]
-        rc, wall, rss = measure(py + ["import", str(src), "--out", str(out)])
+        load = os.getloadavg()[0]
+        rc, wall, rss, cpu = measure(py + ["import", str(src), "--out", str(out)])
         ok_import = rc == 0 and rss <= a.import_limit_mib
-        print(f"import: {wall:.1f} s, peak RSS {rss:.0f} MiB (limit {a.import_limit_mib:.0f} MiB): "
+        print(f"import: {wall:.1f} s ({cpu:.1f} s CPU, load average {load:.1f}), peak RSS {rss:.0f} MiB "
+              f"(limit {a.import_limit_mib:.0f} MiB): "
               f"{'ok' if ok_import else 'OVER'}", flush=True)
-        rc2, wall2, rss2 = measure(py + ["report", str(out)])
+        load = os.getloadavg()[0]
+        rc2, wall2, rss2, cpu2 = measure(py + ["report", str(out)])
         ok_report = rc2 == 0 and wall2 <= a.report_limit_s
-        print(f"report: {wall2:.1f} s, peak RSS {rss2:.0f} MiB (limit {a.report_limit_s:.0f} s): "
+        print(f"report: {wall2:.1f} s ({cpu2:.1f} s CPU, load average {load:.1f}), peak RSS {rss2:.0f} MiB "
+              f"(limit {a.report_limit_s:.0f} s): "
               f"{'ok' if ok_report else 'OVER'}", flush=True)
     return 0 if ok_import and ok_report else 1
 
