@@ -215,3 +215,14 @@ def test_a_world_the_bandwidths_contradict_is_said():
     assert "line 17: the file's busbw/algbw = 1.883, but all_reduce at world 8 has factor 1.750" in _notes(meta)
     _, meta = import_file(REAL / "coreweave_gb200_nvl72_72r_excerpt.txt", benchmark="all_reduce", world=144)
     assert "busbw/algbw = 1.972, but all_reduce at world 144 has factor 1.986" in _notes(meta)
+
+
+def test_osu_7_latency_tail_columns(tmp_path):
+    """OMB 7 osu_latency prints P50/P90/P99 tail latencies beside the average."""
+    p = tmp_path / "osu_latency.txt"
+    p.write_text("# OSU MPI Latency Test v7.4\n# Datatype: MPI_CHAR.\n"
+                 "# Size       Avg Latency(us)   P50 Tail Lat(us)   P90 Tail Lat(us)   P99 Tail Lat(us)\n"
+                 "1                       1.61               1.58               1.70               2.10\n")
+    (r,), _ = import_file(p)
+    assert (r["time_us_p50"], r["iter_p50_us"], r["time_us_p90"], r["time_us_p99"]) == (1.61, 1.58, 1.70, 2.10)
+    assert r["params"] == {"pattern": "ping-pong"} and math.isnan(r["time_us_min"])

@@ -245,6 +245,7 @@ def _emit_row(path, lineno: int, v: dict, t: _OsuTable, world, emit) -> None:
         row["busbw_factor"] = f
         emit(row)
         return
+    stats = {k: v[c] for k, c in (("time_us_p90", "p90"), ("time_us_p99", "p99")) if c in v}
     if t.kind == "pt2pt":
         pattern, measured = _PT2PT[t.pattern]
         if t.pattern == "latency":
@@ -263,17 +264,15 @@ def _emit_row(path, lineno: int, v: dict, t: _OsuTable, world, emit) -> None:
         emit(make_row(
             bench="send_recv", backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
             params={"pattern": pattern}, iters=v.get("iters"), clock="host_clock", mean_us=mean, algbw=algbw,
-            check=check, source=f"OSU {t.title} stdout ({measured}; min/p90/p99/max are not in the file)",
+            stats=stats if t.pattern == "latency" else None, check=check,
+            source=f"OSU {t.title} stdout ({measured}; "
+                   + ("P90/P99 columns give p90/p99" if stats and t.pattern == "latency" else
+                      "min/p90/p99/max are not in the file") + ")",
             time_measured=f"OSU: {measured}", spread="none", extra=extra))
         return
     avg = v.get("avg")
     if avg is None:
         raise err(path, lineno, "OSU line lacks Avg Latency(us)")
-    stats = {}
-    if "p90" in v:
-        stats["time_us_p90"] = v["p90"]
-    if "p99" in v:
-        stats["time_us_p99"] = v["p99"]
     note = "P90/P99 columns give p90/p99" if stats else "only the average: min/p90/p99/max are not in the file"
     if "min" in v:
         note += "; osu_min_us/osu_max_us are OSU's min/max over ranks of the average, not per iteration"
