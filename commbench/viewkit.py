@@ -24,6 +24,8 @@ DPI = 110
 
 def text(v) -> str:
     """A cell's text: "" for a missing value (None, NaN)."""
+    if type(v) is str:  # most cells: no conversion (a report may hold millions of them)
+        return v
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
