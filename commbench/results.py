@@ -490,7 +490,8 @@ class RunDir:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if isinstance(row, dict) and all(k in row for k in _REQUIRED):
+                if isinstance(row, dict) and all(k in row for k in _REQUIRED) and \
+                        isinstance(row.get("benchmark"), str):
                     try:
                         yield normalize_row(row)
                     except Exception:  # noqa: BLE001 (as read_rows_checked: not a row)
