@@ -199,9 +199,9 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
         k = row["point_key"]
         if k in keys:
             raise UsageError(f"the files measure the same point twice ({k}): import them into separate runs")
-        run.append(row, flush=False)
-        keys.add(k)  # after the write: the count an interrupted import reports is what rows.jsonl holds
+        keys.add(k)
         benches.add(row["benchmark"])
+        run.append(row, flush=False)
 
     metas = []
     try:
@@ -212,7 +212,9 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
         _remove_run(run, created)
         raise
     except KeyboardInterrupt:
-        run.finish(Status.INTERRUPTED, f"interrupted during the import, after {len(keys)} rows", csv=False)
+        run.close_rows()  # what rows.jsonl holds is what the reason counts (a row's write may have been cut)
+        run.finish(Status.INTERRUPTED, f"interrupted during the import, after {_count_lines(run.rows_path)} rows",
+                   csv=False)
         raise
     except BaseException as e:
         run.finish(Status.FAILED, f"the import failed after {len(keys)} rows: {type(e).__name__}: {e}", csv=False)
@@ -229,6 +231,14 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
                                            f"{len(keys)} rows")
         raise
     return run.dir, meta
+
+
+def _count_lines(path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            n += chunk.count(b"\n")
+    return n
 
 
 def _remove_run(run: RunDir, created: bool) -> None:
