@@ -476,11 +476,11 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.store.importers import import_to_run
 
             try:
-                out, rows, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
-                                                in_place=not args.no_in_place)
+                out, meta = import_to_run(args.files, args.out, args.format, args.world, args.benchmark,
+                                          in_place=not args.no_in_place)
             except OSError as e:  # a full disk or a read-only place: the files read, the result not written
                 raise UsageError(f"import: cannot write the result directory: {_os_error_line(e)}") from e
-            print(f"imported {len(rows)} rows ({', '.join(sorted({r['benchmark'] for r in rows}))}, "
+            print(f"imported {meta['points']} rows ({', '.join(meta['benchmarks'])}, "
                   f"world {meta['world']}) from {meta['source']}: {out}")
             for note in meta.get("import_notes") or []:
                 print(f"note: {note}")

@@ -51,8 +51,11 @@ def test_each_fixture_imports(name, world, fmt, bench, n, count):
         assert r["source"] and r["spread"] in ("std", "none")
         assert r["check"] in ("ok", "skipped", "fail")
         assert r["time_us_p50"] == r["time_us_mean"] > 0
-        assert r["time_us_min"] <= r["time_us_p50"] <= r["time_us_max"]
-        assert r["time_us_p90"] <= r["time_us_p99"] <= r["time_us_max"]
+        # A statistic the file does not give is NaN; the ones it gives are ordered.
+        known = [r[k] for k in ("time_us_min", "time_us_p50", "time_us_p90", "time_us_p99", "time_us_max")
+                 if r[k] == r[k]]
+        assert known == sorted(known), known
+        assert r["time_measured"].startswith(("nccl-tests:", "OSU:"))
     assert meta["world"] == n and meta["points"] == count
 
 
@@ -65,7 +68,8 @@ def test_nccl_all_reduce_stdout():
     assert big["dtype"] == "float32" and big["backend"] == "nccl" and big["device"] == "cuda"
     assert big["params"] == {} and big["stage"] == "" and big["iters"] == 20 and big["warmup"] == 5
     assert big["check"] == "ok" and big["spread"] == "none" and big["time_us_std"] is None
-    assert "= the mean" in big["source"] and big["time_us_p99"] == big["time_us_p50"]
+    assert "only the mean" in big["source"] and big["time_us_p99"] != big["time_us_p99"]  # NaN: not in the file
+    assert big["time_measured"].startswith("nccl-tests: rank 0's mean")
     ip = _by(rows, 128 << 20, "in-place")
     assert ip["time_us_p50"] == 649.80 and ip["busbw_gbps"] == 361.47
     assert meta["hosts"] == ["dgx-h100-01"] * 8 and meta["nodes"] == [0] * 8
@@ -140,7 +144,7 @@ def test_osu_plain_and_full():
     rows, meta = import_file(FIX / "osu_allreduce_f.txt", world=16)
     r = _by(rows, 4)
     assert r["iters"] == 1000 and r["osu_min_us"] == 3.26 and r["osu_max_us"] == 3.79
-    assert r["time_us_min"] == r["time_us_p50"]  # OSU's min is over ranks, not iterations
+    assert r["time_us_min"] != r["time_us_min"]  # NaN: OSU's min is over ranks, not iterations
     assert meta["versions"] == {"osu": "7.4"}
 
 
@@ -150,7 +154,7 @@ def test_osu_alltoall_sizes_are_per_peer():
     assert r["tool_nbytes"] == 65536 and r["dtype"] == "uint8"
     assert r["time_us_p50"] == 2702.4 and r["iter_p50_us"] == pytest.approx(2702.4 * 0.97, abs=0.01)
     assert r["time_us_p99"] == pytest.approx(2702.4 * 1.31, abs=0.01)
-    assert r["time_us_max"] >= r["time_us_p99"]
+    assert r["time_us_max"] != r["time_us_max"]  # NaN: not in the file
     assert any("per peer" in n for n in meta["import_notes"])
 
 
@@ -249,11 +253,12 @@ def test_truncated_nccl_stdout(tmp_path):
     with pytest.raises(UsageError) as e:
         import_file(p)
     assert _one_line(e.value).startswith(f"{p}:{cut + 1}:") and "malformed" in str(e.value)
-    # Cut between lines: no footer.
+    # Cut between lines: no footer. Every row read is exact, so they import, and the note
+    # says where the output may have been cut.
     p.write_text("\n".join(lines[:cut]) + "\n")
-    with pytest.raises(UsageError) as e:
-        import_file(p)
-    assert _one_line(e.value).startswith(f"{p}:{cut}:") and "truncated" in str(e.value)
+    rows, meta = import_file(p)
+    assert len(rows) == 2 * sum(1 for l in lines[:cut] if l.strip()[:1].isdigit())
+    assert any(f"cut after line {cut}" in n for n in meta["import_notes"]), meta["import_notes"]
 
 
 def test_garbage_lines(tmp_path):
@@ -261,9 +266,9 @@ def test_garbage_lines(tmp_path):
     at = next(i for i, l in enumerate(lines) if l.strip().startswith("4096"))
     p = tmp_path / "garbage.txt"
     p.write_text("\n".join(lines[:at] + ["Segmentation fault (core dumped)"] + lines[at:]) + "\n")
-    with pytest.raises(UsageError) as e:
-        import_file(p)
-    assert _one_line(e.value).startswith(f"{p}:{at + 1}:")
+    rows, meta = import_file(p)  # a line that is not a row is said, the table goes on
+    assert len(rows) == 18
+    assert any(n.startswith(f"line {at + 1}: not understood") and "Segmentation" in n for n in meta["import_notes"])
     bad = lines[at].replace("18.87", "18.8x")
     p.write_text("\n".join(lines[:at] + [bad] + lines[at + 1:]) + "\n")
     with pytest.raises(UsageError) as e:
@@ -273,9 +278,8 @@ def test_garbage_lines(tmp_path):
     osu = (FIX / "osu_allreduce.txt").read_text().splitlines()
     q = tmp_path / "osu.txt"
     q.write_text("\n".join(osu[:5] + ["garbage here"] + osu[5:]) + "\n")
-    with pytest.raises(UsageError) as e:
-        import_file(q, world=4)
-    assert _one_line(e.value).startswith(f"{q}:6:")
+    rows, meta = import_file(q, world=4)
+    assert len(rows) == 19 and any(n.startswith("line 6: not understood") for n in meta["import_notes"])
     q.write_text("\n".join(osu[:5] + ["64  3.9  17"] + osu[6:]) + "\n")
     with pytest.raises(UsageError) as e:
         import_file(q, world=4)
@@ -321,10 +325,14 @@ def test_osu_needs_world():
 
 
 def test_world_must_match_the_rank_lines():
-    with pytest.raises(UsageError, match="lists 8 ranks"):
-        import_file(FIX / "nccl_all_reduce_8gpu.txt", world=16)
+    with pytest.raises(UsageError, match="lists rank 7"):
+        import_file(FIX / "nccl_all_reduce_8gpu.txt", world=4)
     rows, _ = import_file(FIX / "nccl_all_reduce_8gpu.txt", world=8)
     assert rows[0]["world"] == 8
+    # The rank lines may have been cut by whoever kept the output: --world overrides them.
+    rows, meta = import_file(FIX / "nccl_all_reduce_8gpu.txt", world=16)
+    assert {r["world"] for r in rows} == {16} and rows[0]["busbw_factor"] == pytest.approx(2 * 15 / 16)
+    assert any("for 8 of 16 ranks" in n and "--world" in n for n in meta["import_notes"])
 
 
 def test_collective_from_the_file_name(tmp_path):
@@ -350,14 +358,15 @@ def test_missing_file():
 def test_import_to_run_merges_files(tmp_path):
     from commbench.store.importers import import_to_run
 
-    d, rows, meta = import_to_run([FIX / "nccl_all_reduce_8gpu.txt", FIX / "nccl_alltoall_8gpu.txt"],
+    d, meta = import_to_run([FIX / "nccl_all_reduce_8gpu.txt", FIX / "nccl_alltoall_8gpu.txt"],
                                   out=tmp_path / "both")
     m = load_meta(d)
     assert len(m["imported_from"]) == 2 and m["status"] == "complete" and m["points"] == 18 + 14
     assert set(load(d)["benchmark"]) == {"all_reduce", "all_to_all"}
     with pytest.raises(UsageError, match="same point twice"):
         import_to_run([FIX / "nccl_all_reduce_8gpu.txt"] * 2, out=tmp_path / "dup")
-    d, _, _ = import_to_run(FIX / "osu_allreduce.txt", world=4, root=tmp_path / "results")
+    assert not (tmp_path / "dup").exists()  # a refused import leaves nothing behind
+    d, _ = import_to_run(FIX / "osu_allreduce.txt", world=4, root=tmp_path / "results")
     assert d.parent == tmp_path / "results" and "import-osu_allreduce" in d.name
 
 

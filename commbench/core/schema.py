@@ -146,3 +146,20 @@ def time_cannot_be(row: dict) -> bool:
     except (TypeError, ValueError):
         return True
     return not (v > 0 and math.isfinite(v))
+
+
+def per_params(fn):
+    """fn(params) computed once per distinct params (a dict or its JSON text): a run of 300k
+    rows has a few hundred. The key holds each value's type, so 1 and 1.0 stay apart."""
+    seen: dict = {}
+
+    def call(params):
+        try:
+            key = tuple(sorted((k, type(v), v) for k, v in params.items())) if isinstance(params, dict) else params
+            hash(key)
+        except TypeError:
+            return fn(params)
+        if key not in seen:
+            seen[key] = fn(params)
+        return seen[key]
+    return call

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
 from commbench.report import views as view_hooks
-from commbench.report.terminal import METRIC_NAMES, own_metrics_caption
+from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, time_caption
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text
@@ -160,7 +160,8 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: di
             cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
         cells.append(text(r.get("check")))
         rows.append(cells)
-    note = f"{b.formula}; p50/p99 of the slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+    caption = time_caption(g.to_dict("records")).replace("time = slowest rank", "p50/p99 of the slowest rank")
+    note = f"{b.formula}; {caption}; GB = 1e9 B".lstrip("; ")
     if "source" in g.columns and g["source"].map(has).any():
         note += "; imported rows: p50 is the tool's mean time"
     return Section(bench, note, heads, rows, figs, findings=found)

@@ -10,7 +10,8 @@ from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbp
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
 from commbench.report.styles import STYLES, nccl_tests_lines, osu_lines
-from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, size_cells, table, text
+from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, records, size_cells, table, text)
+from commbench.core.schema import per_params
 from commbench.analyse.analysis import largest_size
 from commbench.benchmarks.base import for_rows
 from commbench.store.results import load, load_meta
@@ -62,7 +63,7 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     size, p50, p99, algbw, busbw, check. No table cuts a number (viewkit.print_table)."""
 
     if hasattr(rows, "to_dict"):
-        rows = rows.to_dict("records")
+        rows = records(rows)
     console = console or make_console()
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
@@ -94,15 +95,37 @@ def _varies(rs, key, within: str | None = None) -> bool:
     return any(len(v) > 1 for v in groups.values())
 
 
+def time_caption(rs) -> str:
+    """How the rows' time was measured: commbench's slowest rank per iteration, or, for
+    imported rows, what the source tool measured (the row's time_measured)."""
+    own = imported = False
+    how: list[str] = []
+    for r in rs:
+        if r.get("timing") == "imported":
+            imported = True
+            m = r.get("time_measured")
+            m = m if isinstance(m, str) and m else "the tool's own time (source unknown)"
+            if m not in how:
+                how.append(m)
+        else:
+            own = True
+    if not imported:
+        return "time = slowest rank per iteration"
+    out = "time = " + "; ".join(how)
+    return f"time = slowest rank per iteration (imported rows: {out[7:]})" if own else out
+
+
 def collective_table(bench: str, b, rs: list[dict], plain: bool):
     """The generic table of one benchmark's rows. The point's identity (world, size, and
     run, variant, placement, dtype, params, stage where they vary), p50, busbw and the
     check always; p99, algbw, host time and % of the line rate while the table fits; the
     rest (iters, bound, ceiling, % achieved, a dtype that never changes) with --wide."""
+    order = per_params(lambda p: params_order(p, b.params))
+    describe = per_params(lambda p: b.describe(p or {}))
     rs = sorted(rs, key=lambda r: (text(r.get("run")), text(r.get("variant")), text(r.get("placement")),
-                                  text(r.get("dtype")), params_order(r.get("params"), b.params), text(r.get("stage")),
+                                  text(r.get("dtype")), order(r.get("params")), text(r.get("stage")),
                                   int(r["world"]), int(r["nbytes"])))
-    show_params = len({b.describe(r.get("params") or {}) for r in rs}) > 1
+    show_params = len({describe(r.get("params")) for r in rs}) > 1
     show_stage = any(r.get("stage") for r in rs)
     show_run = _varies(rs, "run")
     show_variant = _varies(rs, "variant")
@@ -116,10 +139,10 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     sample = next((r.get("sample") for r in rs if r.get("sample")), None)
     dtypes = sorted({text(r.get("dtype")) for r in rs})
     t = table(f"{bench}  [{rs[0]['backend']}/{rs[0]['device']}]",
-              f"{note}; time = slowest rank per iteration; GB = 1e9 B".lstrip("; ")
+              f"{note}; {time_caption(rs)}; GB = 1e9 B".lstrip("; ")
               + ("" if len(dtypes) > 1 else f"; dtype {dtypes[0]}")
               + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
-              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain)
+              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain, nrows=len(rs))
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True),
             ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
             ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
@@ -133,19 +156,26 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
         add_column(t, name, left, level, wrap=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
-    sizes = size_cells(int(r["nbytes"]) for r in rs)
-    for r, size in zip(rs, sizes):
-        cell = {"run": text(r.get("run")), "world": str(r["world"]), "variant": text(r.get("variant")) or "default",
-                "placement": text(r.get("placement")) or "-", "dtype": text(r.get("dtype")),
-                "params": b.describe(r.get("params") or {}), "stage": text(r.get("stage")),
-                "size (B)": size, "iters": text(r.get("iters")),
-                "p50 (us)": f"{r['time_us_p50']:.2f}", "p99 (us)": f"{r['time_us_p99']:.2f}",
-                "min (us)": _num(r.get("time_us_min"), 2), "max (us)": _num(r.get("time_us_max"), 2),
-                "host (us/op)": _num(r.get("host_us_per_op"), 2), "algbw (GB/s)": _num(r.get("algbw_gbps"), 3),
-                "busbw (GB/s)": _num(r.get("busbw_gbps"), 3), "bound (us)": _num(r.get("time_bound_us"), 2),
-                "ceiling (GB/s)": _num(r.get("ceiling_gbps"), 1), "% line": _num(r.get("pct_of_ceiling"), 1),
-                "% achieved": _num(r.get("pct_of_achieved"), 1), "check": text(r.get("check"))}
-        t.add_row(*[cell[name] for name, *_ in cols])
+    # Each shown column's cell of a row (only those: a table may hold 300k rows); sizes in
+    # one format down the column.
+    sizes = iter(size_cells(int(r["nbytes"]) for r in rs)) if any(c[0] == "size (B)" for c in cols) else iter(())
+    cell = {"run": lambda r: text(r.get("run")), "world": lambda r: str(r["world"]),
+            "variant": lambda r: text(r.get("variant")) or "default",
+            "placement": lambda r: text(r.get("placement")) or "-", "dtype": lambda r: text(r.get("dtype")),
+            "params": lambda r: describe(r.get("params")), "stage": lambda r: text(r.get("stage")),
+            "size (B)": lambda r: next(sizes), "iters": lambda r: text(r.get("iters")),
+            "p50 (us)": lambda r: f"{r['time_us_p50']:.2f}", "p99 (us)": lambda r: _num(r.get("time_us_p99"), 2),
+            "min (us)": lambda r: _num(r.get("time_us_min"), 2), "max (us)": lambda r: _num(r.get("time_us_max"), 2),
+            "host (us/op)": lambda r: _num(r.get("host_us_per_op"), 2),
+            "algbw (GB/s)": lambda r: _num(r.get("algbw_gbps"), 3),
+            "busbw (GB/s)": lambda r: _num(r.get("busbw_gbps"), 3),
+            "bound (us)": lambda r: _num(r.get("time_bound_us"), 2),
+            "ceiling (GB/s)": lambda r: _num(r.get("ceiling_gbps"), 1),
+            "% line": lambda r: _num(r.get("pct_of_ceiling"), 1),
+            "% achieved": lambda r: _num(r.get("pct_of_achieved"), 1), "check": lambda r: text(r.get("check"))}
+    shown = [cell[name] for name, *_ in cols]
+    for r in rs:
+        t.add_row(*[f(r) for f in shown])
     return t
 
 
@@ -219,7 +249,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
         t = table("weak-scaling efficiency (per-rank throughput at n / at the smallest n)",
                   "collectives: busbw, " + ("at every size" if wide else
                                              "at the largest size measured at several worlds (--wide: every size)")
-                  + own_metrics_caption(sc), plain)
+                  + own_metrics_caption(sc), plain, nrows=len(rs))
         cols = [("run", True, _varies(rs, "run")), ("benchmark", True, True),
                 ("variant", True, _varies(rs, "variant", "benchmark")),
                 ("placement", True, _varies(rs, "placement", "benchmark")),
@@ -250,7 +280,8 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
         fr = ft.to_dict("records")
         t = table("alpha-beta fit t = alpha + S/B over the size sweep (relative least squares)",
                   f"n_half = alpha*B: the size reaching half of B; busbw asymptote = B x F; sweeps of at least "
-                  f"{MIN_FIT_SIZES} sizes" + ("" if _varies(fr, "dtype") else f"; dtype {text(fr[0]['dtype'])}"), plain)
+                  f"{MIN_FIT_SIZES} sizes" + ("" if _varies(fr, "dtype") else f"; dtype {text(fr[0]['dtype'])}"), plain,
+                  nrows=len(fr))
         cols = [("run", True, ALWAYS, _varies(fr, "run")), ("benchmark", True, ALWAYS, True),
                 ("world", False, ALWAYS, True), ("variant", True, ALWAYS, _varies(fr, "variant", "benchmark")),
                 ("placement", True, ALWAYS, _varies(fr, "placement", "benchmark")),

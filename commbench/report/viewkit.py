@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,8 @@ DPI = 110
 
 def text(v) -> str:
     """A cell's text: "" for a missing value (None, NaN)."""
+    if type(v) is str:  # most cells: no conversion (a report may hold millions of them)
+        return v
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
@@ -68,14 +71,51 @@ def num(v, sig: int = 4, most: int = 3) -> str:
     return f"{x:.{min(most, max(0, sig - 1 - math.floor(math.log10(abs(x)))))}f}"
 
 
-def table(title: str, caption: str, plain: bool):
+class _Column:
+    def __init__(self, header: str, justify: str):
+        self.header, self.justify, self._cells = header, justify, []
+
+
+class LongTable:
+    """A table of more than FAST_ROWS rows: the part of rich's Table that the report uses
+    (add_column, add_row, columns, title, caption), its cells kept as text and laid out by
+    print_table without rich (rich measures and renders every cell several times:
+    milliseconds a row, hours for a run of 300k imported rows)."""
+
+    def __init__(self, title: str, caption: str, plain: bool):
+        self.title, self.caption, self.ascii = title, caption, plain
+        self.columns: list[_Column] = []
+        self.levels: dict = {}
+        self.row_count = 0
+
+    def add_column(self, header: str, justify: str = "left", no_wrap: bool = True) -> None:
+        self.columns.append(_Column(header, justify))
+
+    def add_row(self, *cells) -> None:
+        for c, x in zip(self.columns, cells):
+            c._cells.append(x)
+        self.row_count += 1
+
+
+def records(df) -> list[dict]:
+    """df.to_dict("records"), column by column: each column's values come out as Python's
+    own (Series.tolist), not boxed one value at a time (seconds for 300k rows)."""
+    names = list(df.columns)
+    cols = [df[c].tolist() for c in names]
+    return [dict(zip(names, vals)) for vals in zip(*cols)]
+
+
+def table(title: str, caption: str, plain: bool, nrows: int = 0):
     """A rich Table in the report's style; plain: ASCII borders (a file or a pipe). Title
     and caption are plain text: rich would take "[mpi/cpu]" for markup and drop it.
-    Columns added with add_column carry a level that print_table reads."""
+    Columns added with add_column carry a level that print_table reads. nrows: the rows it
+    will hold; above FAST_ROWS, a LongTable."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
+    if nrows > FAST_ROWS:
+        return LongTable(title, caption, plain)
     t = Table(title=escape(title), caption=escape(caption) if caption else None,
               box=box.ASCII if plain else box.SIMPLE_HEAD)
     t.levels = {}
@@ -104,8 +144,9 @@ def add_column(t, header: str, left: bool = False, level: int = ALWAYS, wrap: bo
 
 def _drop_column(t, header: str) -> None:
     t.columns[:] = [c for c in t.columns if c.header != header]
-    for i, c in enumerate(t.columns):
-        c._index = i
+    if not isinstance(t, LongTable):
+        for i, c in enumerate(t.columns):
+            c._index = i
 
 
 def _cuts(t, width: int) -> bool:
@@ -129,6 +170,8 @@ def print_table(console, t, wide: bool = False) -> list[str]:
     from rich.measure import Measurement
     from rich.segment import Segments
 
+    if isinstance(t, LongTable):
+        return _print_long_table(console, t, wide)
     levels = getattr(t, "levels", {})
     hidden = []
     if not wide:
@@ -141,10 +184,7 @@ def print_table(console, t, wide: bool = False) -> list[str]:
                 break
             _drop_column(t, h)
             hidden.append(h)
-    said = getattr(t, "said", set())
-    if any(h not in said for h in hidden):
-        shown = [h for h in levels if h in hidden and h not in said]
-        t.caption = (f"{t.caption}; " if t.caption else "") + f"not shown: {', '.join(shown)} (--wide shows them)"
+    _say_hidden(t, hidden)
     natural = Measurement.get(console, console.options.update_width(100_000), t).maximum
     fits = not _cuts(t, console.width)
     width = min(natural, console.width) if fits else natural
@@ -163,6 +203,69 @@ def print_table(console, t, wide: bool = False) -> list[str]:
         console.print(Segments(console.render(t, console.options.update_width(natural))), crop=False)
     if caption:
         console.print(caption, style="table.caption")
+    return hidden
+
+
+def _say_hidden(t, hidden: list[str]) -> None:
+    levels, said = getattr(t, "levels", {}), getattr(t, "said", set())
+    if any(h not in said for h in hidden):
+        shown = [h for h in levels if h in hidden and h not in said]
+        t.caption = (f"{t.caption}; " if t.caption else "") + f"not shown: {', '.join(shown)} (--wide shows them)"
+
+
+# Above this many rows a table is laid out here, not by rich: rich measures and renders every
+# cell several times (milliseconds a row), so a run of 300k imported rows would take hours.
+# The layout is rich's for tables whose cells do not wrap: each column as wide as its widest
+# cell, the same borders, the same columns left out, nothing cut.
+FAST_ROWS = 200
+
+
+def _print_long_table(console, t: LongTable, wide: bool) -> list[str]:
+    levels = getattr(t, "levels", {})
+    widths = {c.header: max([len(str(c.header))] + [len(str(x)) for x in c._cells]) for c in t.columns}
+    ascii_box = t.ascii
+
+    def total() -> int:
+        return sum(widths[c.header] + 2 for c in t.columns) + (len(t.columns) + 1 if ascii_box else 0)
+
+    hidden = []
+    if not wide:
+        for h, lv in levels.items():
+            if lv >= WIDE and h in widths:
+                _drop_column(t, h)
+                hidden.append(h)
+        for h in reversed([h for h, lv in levels.items() if lv == COMPACT and h in widths]):
+            if total() <= console.width:
+                break
+            _drop_column(t, h)
+            hidden.append(h)
+    _say_hidden(t, hidden)
+    cols = list(t.columns)
+    ws = [widths[c.header] for c in cols]
+
+    spec = [("{:<%d}" if c.justify == "left" else "{:>%d}") % w for c, w in zip(cols, ws)]
+    row_format = ("| " + " | ".join(spec) + " |\n") if ascii_box else (" " + "  ".join(spec) + " \n")
+
+    def line(cells) -> str:
+        return row_format.format(*map(str, cells))[:-1]
+
+    width = total()
+    out = []
+    if t.title:
+        s = t.title
+        out.append(s.center(width).rstrip() if len(s) <= width else s)
+    out.append(("+" + "-" * (width - 2) + "+") if ascii_box else "")
+    out.append(line([c.header for c in cols]))
+    out.append(("|" + "+".join("-" * (w + 2) for w in ws) + "|") if ascii_box else " " + "─" * (width - 2))
+    f = console.file
+    f.write("\n".join(x for x in out if x) + "\n")
+    f.writelines(row_format.format(*cells) for cells in zip(*(c._cells for c in cols)))
+    tail = [("+" + "-" * (width - 2) + "+")] if ascii_box else []
+    if t.caption:
+        s = t.caption
+        tail.append(s.center(width).rstrip() if len(s) <= width else textwrap.fill(s, max(console.width, width)))
+    f.write("\n".join(tail) + ("\n" if tail else ""))
+    f.flush()
     return hidden
 
 

@@ -346,8 +346,13 @@ class RunDir:
                 f.seek(0)
                 f.write(body + b" " * (size - len(body)))
 
-    def append(self, row: dict) -> None:
-        self.append_point([row])
+    def append(self, row: dict, flush: bool = True) -> None:
+        """flush=False: an importer's many rows, written by the buffer (its status says
+        whether it finished)."""
+        if flush:
+            self.append_point([row])
+        else:
+            self._rows.write(json.dumps(row, default=float) + "\n")
 
     def append_point(self, rows: list[dict]) -> None:
         """The rows of one point (one per stage) in one write: a kill between them would leave
@@ -356,6 +361,14 @@ class RunDir:
         self._rows.flush()
         while data:  # a regular file takes it whole unless the disk is full (then OSError)
             data = data[os.write(self._rows.fileno(), data):]
+
+    def close_rows(self) -> None:
+        if self._rows is not None:
+            rows, self._rows = self._rows, None
+            try:
+                rows.close()
+            except OSError:  # a full disk: the buffered tail is lost, the status must not be
+                pass
 
     def variant(self, name: str) -> dict:
         return self.meta.setdefault("variants", {}).setdefault(name, {})
@@ -366,29 +379,52 @@ class RunDir:
             self.meta["reason"] = reason
         self.write_meta()
 
-    def finish(self, status: Status, reason: str | None = None) -> None:
-        """Close the rows, stamp the end, write results.csv."""
-        if self._rows is not None:
-            rows, self._rows = self._rows, None
+    def finish(self, status: Status, reason: str | None = None, csv: bool = True) -> None:
+        """Close the rows, write results.csv, then stamp the end and the status: the status
+        comes last, so no reader sees a final status while results are still being written.
+        csv=False: an interrupted writer that must end now (rows.jsonl holds the rows)."""
+        self.close_rows()
+        if csv:
             try:
-                rows.close()
-            except OSError:  # a full disk: the buffered tail is lost, the status must not be
-                pass
+                self.write_csv()
+            except Exception as e:  # noqa: BLE001 (a full disk: rows.jsonl still holds every row)
+                why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+                reason = "; ".join(x for x in (reason, f"results.csv not written: {why}") if x)
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.set_status(status, reason)
         if self.on_marked is not None:  # the launcher's drain bound starts here (run.launch)
             self.on_marked()
-        self.write_csv()
+
+    def _iter_rows(self):
+        """The rows one at a time (a big run's CSV is written without holding them all)."""
+        if not self.rows_path.is_file():
+            return
+        with open(self.rows_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and all(k in row for k in _REQUIRED) and \
+                        isinstance(row.get("benchmark"), str):
+                    try:
+                        yield normalize_row(row)
+                    except Exception:  # noqa: BLE001 (as read_rows_checked: not a row)
+                        continue
 
     def write_csv(self) -> None:
-        rows = self.rows()
-        fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
-        with open(self.dir / "results.csv", "w", newline="") as f:
+        extra = set()
+        for r in self._iter_rows():
+            extra.update(r)
+        fields = list(ROW_FIELDS) + sorted(extra - set(ROW_FIELDS))
+        tmp = self.dir / "results.csv.tmp"
+        with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
-            for r in rows:
+            for r in self._iter_rows():
                 w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
                             for k, v in r.items()})
+        os.replace(tmp, self.dir / "results.csv")
 
     def note_teardown(self, why: str) -> None:
         """A run whose ranks hung after it was marked: its status stays, the hang is noted."""

@@ -9,10 +9,11 @@ file and line.
 How the tools' numbers map onto a row (README "Reports, compare, import"):
 
 - time_us_p50 and time_us_mean are the tool's time, which is a MEAN over its iterations
-  (nccl-tests: the loop average; OSU: the average over iterations and ranks). The other
-  percentiles come from per-iteration statistics when the file has them (nccl-tests -I
-  columns, -J per-iteration objects, OSU P90/P99 columns); otherwise they equal the mean,
-  and the row's `source` says so. `spread` says what the spread is known from: "std"
+  (nccl-tests: rank 0's loop average; OSU: the average over ranks of their means); the
+  row's `time_measured` says which, and the report's footer shows it. The other
+  statistics come from per-iteration statistics when the file has them (nccl-tests -I
+  columns, -J per-iteration objects, OSU P90/P99 columns); otherwise they are NaN, never
+  another number standing in, and the row's `source` says so. `spread` says what the spread is known from: "std"
   (time_us_std is real) or "none" (only the mean is known).
 - algbw/busbw are the tool's own numbers; busbw_factor is commbench's factor for the same
   S definition (nccl-tests' S is commbench's). OSU sizes are per peer for allgather and
@@ -23,97 +24,228 @@ How the tools' numbers map onto a row (README "Reports, compare, import"):
 - check: #wrong 0 -> "ok", N/A (unchecked) -> "skipped", > 0 -> "fail"; OSU: Validation
   Pass/Fail, else "skipped".
 
-nccl_tests and osu parse their tool's output; rows builds the rows and meta.json every
-parser shares and writes the result directory; this module tells the formats apart.
+nccl_tests, nccl_json and osu parse their tool's output, each row handed on as it is read;
+rows builds the rows and meta.json every parser shares; this module tells the formats apart
+and streams the rows into the result directory.
 """
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 from commbench.core.errors import UsageError
-from .nccl_tests import parse_nccl_json, parse_nccl_stdout
+from ..results import RunDir, Status
+from .nccl_json import parse_nccl_json
+from .nccl_tests import parse_nccl_stdout
 from .osu import OSU_TITLE_RE, parse_osu
-from .rows import SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, write_imported_run
+from .rows import (SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, numbered_lines,  # noqa: F401
+                   write_imported_run)
 
 FORMATS = ("nccl-tests", "nccl-tests-json", "osu")
-_PARSERS = {"nccl-tests": parse_nccl_stdout, "nccl-tests-json": parse_nccl_json, "osu": parse_osu}
+_TEXT_PARSERS = {"nccl-tests": parse_nccl_stdout, "osu": parse_osu}
+# A file that starts with "[" is JSON only if it parses as JSON; larger ones are logs whose
+# first line is a tag ("[host:rank] ...", "[user@host]$ ...").
+_JSON_ARRAY_MAX_NBYTES = 64 << 20
 
 
-def detect_format(path, text: str) -> str:
-    """The format of a file's text, from its first lines' markers."""
-    head = text.lstrip()[:1]
-    if head in ("{", "["):
-        if head == "{" and '"results"' in text and ('"nccl_version"' in text or '"config"' in text):
-            return "nccl-tests-json"
-        first = text.lstrip().splitlines()[0] if text.strip() else ""
-        if '"schema"' in first and '"benchmark"' in first:
-            raise err(path, 1, "already commbench rows: report or compare the run directory directly")
-        raise err(path, 1, "JSON that is not nccl-tests -J output (no 'results' and 'nccl_version')")
-    for line in text.splitlines():
+def _is_json(path, first: str) -> bool:
+    if first == "{":
+        return True
+    if first != "[" or Path(path).stat().st_size > _JSON_ARRAY_MAX_NBYTES:
+        return False
+    try:
+        json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except ValueError:
+        return False
+    return True
+
+
+def _text_format(path, lines) -> str | None:
+    """The text format from the first line that marks one (launcher prefixes cut)."""
+    for _, line in numbered_lines(lines):
         s = line.strip()
         if OSU_TITLE_RE.match(s):
             return "osu"
         if s.startswith("#") and ("Collective test starting" in s or "nccl-tests version" in s
                                   or ("algbw" in s and "busbw" in s)):
             return "nccl-tests"
-    raise err(path, 1, "not a format commbench can import (nccl-tests stdout or -J JSON, OSU collective "
-                        "stdout); name it with --format if it is one")
+    return None
 
 
-def import_file(path, fmt: str | None = None, world: int | None = None,
-                benchmark: str | None = None, in_place: bool = True) -> tuple[list[dict], dict]:
-    """Rows (commbench schema) and meta of one nccl-tests (stdout or -J JSON) or OSU file.
+def _json_format(path, text: str) -> str:
+    head = text.lstrip()[:1]
+    if head == "{" and '"results"' in text and ('"nccl_version"' in text or '"config"' in text):
+        return "nccl-tests-json"
+    first = text.lstrip().splitlines()[0] if text.strip() else ""
+    if '"schema"' in first and '"benchmark"' in first:
+        raise err(path, 1, "already commbench rows: report or compare the run directory directly")
+    raise err(path, 1, "JSON that is not nccl-tests -J output (no 'results' and 'nccl_version')")
+
+
+_NOT_A_FORMAT = ("not a format commbench can import (nccl-tests stdout or -J JSON, OSU stdout: no nccl-tests "
+                 "table header and no '# OSU ... Test' title); name it with --format if it is one")
+
+
+def detect_format(path, text: str) -> str:
+    """The format of a file's text, from its first lines' markers."""
+    first = text.lstrip()[:1]
+    if first == "{" or (first == "[" and _parses(text)):
+        return _json_format(path, text)
+    fmt = _text_format(path, text.splitlines())
+    if fmt is None:
+        raise err(path, 1, _NOT_A_FORMAT)
+    return fmt
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_char(path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return line.lstrip()[0]
+    return ""
+
+
+def import_stream(path, emit, fmt: str | None = None, world: int | None = None, benchmark: str | None = None,
+                  in_place: bool = True) -> dict:
+    """Read one nccl-tests (stdout or -J JSON) or OSU file, each row to emit(row) as it is
+    read (a text file streams: memory does not grow with its size); returns its meta.
     fmt: "nccl-tests" | "nccl-tests-json" | "osu" (None: detected from the content).
-    world: rank count (required for OSU, which does not print it; checked against the
-    nccl-tests rank lines). benchmark: the commbench name, when the file does not say.
-    in_place: keep nccl-tests' in-place half, as placement "in-place" rows (False: only the
-    out-of-place half)."""
+    world: rank count (required for OSU collectives, which do not print it; for nccl-tests
+    it overrides the '#  Rank' lines, which a poster may have cut). benchmark: the commbench
+    name, when the file does not say. in_place: keep nccl-tests' in-place half, as placement
+    "in-place" rows (False: only the out-of-place half)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror}") from None
-    if not text.strip():
-        raise err(path, 1, "empty file")
-    if fmt is None:
-        fmt = detect_format(path, text)
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
     if world is not None and int(world) < 1:
         raise UsageError(f"--world must be >= 1, got {world}")
     if benchmark is not None:
         benchmark = benchmark_name(benchmark) or benchmark
-    rows, meta = _PARSERS[fmt](path, text, world=world, benchmark=benchmark)
-    if not in_place:
-        rows = [r for r in rows if r["placement"] != "in-place"]
-        meta["points"] = len(rows)
-    if not rows:
+    try:
+        first = _first_char(p)
+        if not first:
+            raise err(path, 1, "empty file")
+        count = [0]
+
+        def keep(row):
+            if in_place or row["placement"] != "in-place":
+                count[0] += 1
+                emit(row)
+
+        if fmt == "nccl-tests-json" or (fmt is None and _is_json(p, first)):
+            text = p.read_text(encoding="utf-8", errors="replace")
+            fmt = fmt or _json_format(path, text)
+            meta = parse_nccl_json(path, text, world=world, benchmark=benchmark, emit=keep)
+        else:
+            if fmt is None:
+                with open(p, encoding="utf-8", errors="replace") as f:
+                    fmt = _text_format(path, f)
+                if fmt is None:
+                    raise err(path, 1, _NOT_A_FORMAT)
+            with open(p, encoding="utf-8", errors="replace") as f:
+                meta = _TEXT_PARSERS[fmt](path, f, world=world, benchmark=benchmark, emit=keep)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror}") from None
+    meta["points"] = count[0]
+    if not count[0]:
         raise err(path, 1, f"no data rows with a time in this {SOURCE_NAMES[fmt]} file")
+    return meta
+
+
+def import_file(path, fmt: str | None = None, world: int | None = None,
+                benchmark: str | None = None, in_place: bool = True) -> tuple[list[dict], dict]:
+    """Rows (commbench schema) and meta of one file, in memory (import_stream's rows, kept)."""
+    rows: list[dict] = []
+    meta = import_stream(path, rows.append, fmt=fmt, world=world, benchmark=benchmark, in_place=in_place)
     return rows, meta
 
 
 def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = None,
-                  benchmark: str | None = None, in_place: bool = True, root="results") -> tuple[Path, list, dict]:
+                  benchmark: str | None = None, in_place: bool = True, root="results") -> tuple[Path, dict]:
     """`commbench import FILE...`: one result directory holding the rows of every file
-    (e.g. all_reduce_perf.txt and alltoall_perf.txt of one machine). out: the directory
-    (default results/<timestamp>-import-<first file's stem>). Returns (dir, rows, meta)."""
+    (e.g. all_reduce_perf.txt and alltoall_perf.txt of one machine). Rows stream to
+    rows.jsonl as they are read; meta.json says `running` until results.csv is written and
+    only then the final status: `complete`, or `interrupted` (Ctrl-C) / `failed` with the
+    rows read so far. A file that is refused leaves no directory behind. out: the directory
+    (default results/<timestamp>-import-<first file's stem>). Returns (dir, meta); meta has
+    `benchmarks` (the names imported) and `points`."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise UsageError("import needs at least one file")
-    rows, metas = [], []
     for p in paths:
-        r, m = import_file(p, fmt=fmt, world=world, benchmark=benchmark, in_place=in_place)
-        rows += r
-        metas.append(m)
-    keys = [r["point_key"] for r in rows]
-    if len(set(keys)) != len(keys):
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise UsageError(f"the files measure the same point twice ({dup}): import them into separate runs")
+        if not Path(p).is_file():
+            raise UsageError(f"{p}: no such file")
+    out_dir = Path(out) if out else default_out_dir(paths[0], root)
+    run = RunDir(out_dir)
+    if run.rows_path.exists() or run.meta_path.exists():
+        raise UsageError(f"{run.dir} already holds a run: choose another --out")
+    created = not run.dir.exists()
+    run.open({"status": Status.RUNNING.value, "command": ["commbench", "import", *map(str, paths)],
+              "imported_from": [str(Path(p).resolve()) for p in paths]})
+    keys: set[str] = set()
+    benches: set[str] = set()
+
+    def emit(row):
+        k = row["point_key"]
+        if k in keys:
+            raise UsageError(f"the files measure the same point twice ({k}): import them into separate runs")
+        keys.add(k)
+        benches.add(row["benchmark"])
+        run.append(row, flush=False)
+
+    metas = []
+    try:
+        for p in paths:
+            metas.append(import_stream(p, emit, fmt=fmt, world=world, benchmark=benchmark, in_place=in_place))
+    except UsageError:
+        run.close_rows()
+        _remove_run(run, created)
+        raise
+    except KeyboardInterrupt:
+        run.close_rows()  # what rows.jsonl holds is what the reason counts (a row's write may have been cut)
+        run.finish(Status.INTERRUPTED, f"interrupted during the import, after {_count_lines(run.rows_path)} rows",
+                   csv=False)
+        raise
+    except BaseException as e:
+        run.finish(Status.FAILED, f"the import failed after {len(keys)} rows: {type(e).__name__}: {e}", csv=False)
+        raise
     meta = merge_metas(metas)
     meta["command"] = ["commbench", "import", *map(str, paths)]
-    out_dir = Path(out) if out else default_out_dir(paths[0], root)
-    write_imported_run(rows, meta, out_dir)
-    return out_dir, rows, meta
+    meta["points"] = len(keys)
+    meta["benchmarks"] = sorted(benches)
+    run.meta = {**meta, "status": Status.RUNNING.value}
+    try:
+        run.finish(Status.COMPLETE)
+    except KeyboardInterrupt:
+        run.set_status(Status.INTERRUPTED, f"interrupted while writing results.csv; rows.jsonl holds all "
+                                           f"{len(keys)} rows")
+        raise
+    return run.dir, meta
 
+
+def _count_lines(path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            n += chunk.count(b"\n")
+    return n
+
+
+def _remove_run(run: RunDir, created: bool) -> None:
+    """A refused import leaves nothing: the files it wrote, and the directory if it made it."""
+    if created:
+        shutil.rmtree(run.dir, ignore_errors=True)
+        return
+    for f in (run.rows_path, run.meta_path, run.dir / "results.csv", run.dir / "meta.json.tmp"):
+        f.unlink(missing_ok=True)

@@ -7,20 +7,17 @@ Each size line holds an out-of-place and an in-place half: each becomes a row wh
 columns or -J per-iteration objects give the spread."""
 from __future__ import annotations
 
-import json
 import math
 import re
 
-from ..results import ENV_PREFIXES
-from commbench.core.stats import summarize_us
-from .rows import benchmark_name, check_status, err, fnum, make_row, name_from_filename, run_meta
+from .rows import (Notes, benchmark_name, busbw_factor, check_status, err, fnum, make_row, name_from_filename,
+                   numbered_lines, run_meta)
 
 # nccl-tests type names -> commbench dtype names.
 _NCCL_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
                 "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
                 "uint64": "uint64", "f8e4m3": "fp8_e4m3", "f8e5m2": "fp8_e5m2"}
 
-_NCCL_LOG_RE = re.compile(r"^\S+:\d+:\d+ \[\d+\] NCCL (INFO|WARN|ERROR|TRACE)")
 _RANK_RE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
                       r"\[([^\]]*)\]\s*(.*?)\s*$")
 
@@ -86,9 +83,13 @@ class _NcclBlock:
         self.header = None
         self.group_line = None
         self.footer = False
-        self.data: list[tuple[int, dict]] = []
         self.out_of_bounds = None
         self.avg_busbw = None
+        self.bench = None  # resolved when the table's header is read
+        self.world = None
+        self.skipped = self.invalid = self.rows = 0
+        self.last_data = None
+        self.ratio_checked = False
 
 
 def _parse_nccl_params(body: str) -> dict:
@@ -102,22 +103,82 @@ def _parse_nccl_params(body: str) -> dict:
     return out
 
 
-def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list[dict], dict]:
-    lines = text.splitlines()
+# NCCL's own log lines ("host:pid:tid [dev] NCCL INFO ...", "host:pid:tid [0] misc/ibvwrap.cc:63
+# NCCL WARN ..."), which NCCL_DEBUG prints to the same stdout: at a line's start, or inside a
+# size line that nccl-tests printed in two parts (the rest of the row then follows the log
+# line). A host name starts with a letter, so a row's last digit is not taken for it.
+_NCCL_LOG_IN_RE = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ \[\d+\] (?:\S+ )?NCCL (?:INFO|WARN|ERROR|TRACE|ABORT)\b")
+
+NCCL_TIME_MEASURED = "nccl-tests: rank 0's mean over its timed loop (the loop's wall time / iterations)"
+
+
+def _block_world(path, b: _NcclBlock, world, notes) -> tuple[int, list]:
+    """The block's rank count: --world when given, else one more than the highest '#  Rank'
+    line (a poster may keep only some of those lines, so their count is not the world)."""
+    hosts = []
+    if b.ranks:
+        top = max(b.ranks)
+        if world is not None:
+            if int(world) <= top:
+                raise err(path, b.line, f"the file lists rank {top} ('#  Rank' lines), --world says {world}")
+            n = int(world)
+        else:
+            n = top + 1
+        if len(b.ranks) != n:
+            notes.add(f"line {b.line}: the file has '#  Rank' lines for {len(b.ranks)} of {n} ranks; world {n} "
+                      + ("from --world" if world is not None else f"from the highest rank ({top}): pass --world N "
+                                                                   "if more ranks ran"))
+        else:
+            hosts = [b.ranks[r][0] for r in sorted(b.ranks)]
+    elif world is not None:
+        n = int(world)
+    else:
+        raise err(path, b.line, "no '#  Rank N Group G Pid P on HOST device D' lines: pass --world N")
+    return n, hosts
+
+
+def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dict:
+    """Stream an nccl-tests stdout (an iterable of lines): each row goes to emit(row) as
+    its line is read; returns the run's meta."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
     blocks: list[_NcclBlock] = []
     cur = _NcclBlock(1)
     versions: dict = {}
     in_table = False
+    notes = Notes()
+    hosts_all, gpus, worlds = [], set(), []
+    pending = None  # (line, tokens) of a size line that an NCCL log line cut in two
+    nlines = 0
 
     def close(b: _NcclBlock, at: int):
         if b.header is not None:
             if not b.footer:
-                raise err(path, at, "nccl-tests table ends without its footer ('# Out of bounds values'): "
-                                     "truncated output?")
+                last = f" after line {b.last_data}" if b.last_data else ""
+                notes.add(f"line {b.header['line']}: the table ends without its footer ('# Out of bounds values'): "
+                          f"the output may have been cut{last}")
             blocks.append(b)
 
-    for i, raw in enumerate(lines, 1):
-        s = raw.strip()
+    def start_table(b: _NcclBlock):
+        name = benchmark or (benchmark_name(b.name) if b.name else None) or name_from_filename(path)
+        if name is None:
+            raise err(path, b.line, "cannot tell the collective: no '# Collective test starting: X_perf' line "
+                                     "and the file name names none (pass --benchmark)")
+        b.bench = name
+        b.world, hosts = _block_world(path, b, world, notes)
+        worlds.append(b.world)
+        hosts_all[:] = hosts_all or hosts
+        gpus.update(b.ranks[r][3] for r in b.ranks)
+
+    def data(lineno, toks):
+        b = cur
+        d = _nccl_data_line(path, lineno, toks, b.header)
+        b.last_data = lineno
+        _emit_rows(path, lineno, d, b, emit, notes)
+
+    for i, s in numbered_lines(lines):
+        nlines = i
+        s = s.strip()
         if not s:
             continue
         if s.startswith("#"):
@@ -139,6 +200,11 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
                 continue
             m = _RANK_RE.match(s.lstrip("#").strip()) if "Rank" in body else None
             if m:
+                if cur.header is not None:
+                    close(cur, i)
+                    prev, cur = cur, _NcclBlock(i)
+                    cur.name, cur.run_params = prev.name, prev.run_params
+                    in_table = False
                 cur.ranks[int(m.group(1))] = (m.group(2), int(m.group(3)), m.group(4), m.group(5))
                 continue
             if body.startswith("nThread"):
@@ -153,7 +219,9 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
                     close(cur, i)
                     prev, cur = cur, _NcclBlock(i)
                     cur.name, cur.ranks, cur.run_params = prev.name, prev.ranks, prev.run_params
+                cur.line = cur.line if cur.ranks else i
                 cur.header = _nccl_header(toks, cur.group_line, path, i)
+                start_table(cur)
                 in_table = True
                 continue
             m = re.match(r"Out of bounds values\s*:\s*(\d+)", body)
@@ -171,101 +239,129 @@ def parse_nccl_stdout(path, text: str, world=None, benchmark=None) -> tuple[list
                 continue
             continue
         m = re.search(r"NCCL version (\d+\.\d+\.\d+\S*)", s)
-        if m:
+        if m and "NCCL INFO" in s:
             versions.setdefault("nccl", m.group(1).split("+")[0])
-        if not in_table:
-            continue  # launcher and library noise outside the table
-        if _NCCL_LOG_RE.match(s):
+        log = _NCCL_LOG_IN_RE.search(s)
+        if log:
+            notes.count("NCCL log (INFO/WARN)", i)
+            if in_table and log.start() > 0:
+                if pending is not None:
+                    raise err(path, i, f"nccl-tests size line of line {pending[0]} is cut twice by NCCL log lines")
+                pending = (i, s[:log.start()].split())
             continue
-        cur.data.append((i, _nccl_data_line(path, i, s, cur.header)))
+        if not in_table:
+            if s[0].isdigit() and cur.header is None:
+                notes.unknown(i, s, " (a number line before any nccl-tests table header)")
+            elif not re.match(r"NCCL version", s):
+                notes.unknown(i, s)
+            continue
+        toks = s.split()
+        if not re.match(r"^[-+]?\d", toks[0]) and pending is None:
+            notes.unknown(i, s, f" (inside the nccl-tests table of line {cur.header['line']})")
+            continue
+        if pending is not None:
+            start, head = pending
+            pending = None
+            notes.add(f"line {start}: a size line cut in two by an NCCL log line, read with its rest on line {i}")
+            data(start, head + toks)
+            continue
+        data(i, toks)
+    if pending is not None:
+        raise err(path, pending[0], "nccl-tests size line cut by an NCCL log line and never completed")
     if cur.header is not None:
-        if not cur.footer:
-            raise err(path, len(lines), "nccl-tests table ends without its footer ('# Out of bounds values'): "
-                                         "truncated output?")
-        blocks.append(cur)
+        close(cur, nlines)
     if not blocks:
         raise err(path, 1, f"no nccl-tests table (a '#  size  count  type ... algbw  busbw' header) in "
-                            f"{len(lines)} lines: not nccl-tests stdout")
-
-    rows, hosts_all, gpus, worlds, notes = [], [], [], [], []
+                            f"{nlines} lines: not nccl-tests stdout")
     for b in blocks:
-        name = benchmark or (benchmark_name(b.name) if b.name else None) or name_from_filename(path)
-        if name is None:
-            raise err(path, b.line, "cannot tell the collective: no '# Collective test starting: X_perf' line "
-                                     "and the file name names none (pass the benchmark name)")
-        if b.ranks:
-            n = len(b.ranks)
-            if world is not None and int(world) != n:
-                raise err(path, b.line, f"the file lists {n} ranks ('#  Rank' lines), --world says {world}")
-            hosts = [b.ranks[r][0] for r in sorted(b.ranks)]
-            gpus += [b.ranks[r][3] for r in sorted(b.ranks)]
-        elif world is not None:
-            n, hosts = int(world), []
-        else:
-            raise err(path, b.line, "no '#  Rank N Group G Pid P on HOST device D' lines: pass --world N")
-        worlds.append(n)
-        hosts_all = hosts_all or hosts
-        h = b.header
-        clock = "cpu_time" if h["cputime"] else "host_clock_loop_mean"
-        iters = b.run_params.get("iters")
-        if iters and b.run_params.get("agg_iters"):
-            iters *= b.run_params["agg_iters"]
-        skipped = invalid = 0
-        for lineno, d in b.data:
-            nbytes = d["lead"]["size"]
-            if nbytes < 0:
-                raise err(path, lineno, f"nccl-tests size {nbytes} is negative")
-            if nbytes == 0:
-                skipped += 1
-                continue
-            dtype = _NCCL_DTYPES.get(d["lead"].get("type", "float"), d["lead"].get("type", "float"))
-            redop, root = d["lead"].get("redop"), d["lead"].get("root")
-            params = _nccl_params(redop, root)
-            for half, v in d["halves"].items():
-                t = v.get("time", v.get("cputime"))
-                if t is None:  # zero, negative or NaN (parse_data_line): said, never silent
-                    invalid += 1
-                    continue
-                stats, spread, note = {}, "none", "all percentiles = the mean: the tool prints only an average"
-                if v.get("i_min") is not None:
-                    stats = {"time_us_min": v.get("i_min"), "time_us_max": v.get("i_max"),
-                             "time_us_p99": v.get("i_p99")}
-                    if v.get("i_cv%") is not None:
-                        stats["time_us_std"] = v["i_cv%"] / 100.0 * t
-                        spread = "std"
-                    note = "-I per-iteration columns give min/max/p99 and std (cv); p90 = the mean"
-                extra = {"tool_nbytes": nbytes, "redop": redop, "root": root, "source_line": lineno}
-                if d.get("timestamp"):
-                    extra["timestamp"] = d["timestamp"]
-                rows.append(make_row(
-                    bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes, dtype=dtype,
-                    in_place=half == "in-place", params=params, iters=iters,
-                    warmup=b.run_params.get("warmup"), clock=clock, mean_us=t, stats=stats,
-                    algbw=v.get("algbw"), busbw=v.get("busbw"), check=check_status(v.get("#wrong")),
-                    source=f"nccl-tests stdout ({note})", spread=spread, extra=extra))
-        if skipped:
-            notes.append(f"{b.name or name}: {skipped} size-0 line(s) skipped")
-        if invalid:
-            notes.append(f"{b.name or name}: {invalid} result(s) without a valid time (zero, negative or NaN) "
-                         f"left out")
-    meta = run_meta("nccl-tests", path, rows, hosts_all, sorted(set(gpus)), max(worlds), "nccl", "cuda",
-                 versions, {}, notes=notes,
-                 extra={"tool": {"name": "nccl-tests", "version": versions.get("nccl-tests")},
-                        "tool_settings": blocks[0].run_params,
-                        "out_of_bounds": sum(b.out_of_bounds or 0 for b in blocks),
-                        "tool_avg_busbw_gbps": [b.avg_busbw for b in blocks]})
-    return rows, meta
+        if b.skipped:
+            notes.add(f"{b.name or b.bench}: {b.skipped} size-0 line(s) skipped")
+        if b.invalid:
+            notes.add(f"{b.name or b.bench}: {b.invalid} result(s) without a valid time (zero, negative or NaN) "
+                      f"left out")
+    meta = run_meta("nccl-tests", path, sum(b.rows for b in blocks), hosts_all, sorted(gpus), max(worlds), "nccl",
+                    "cuda", versions, {}, notes=notes.lines(),
+                    extra={"tool": {"name": "nccl-tests", "version": versions.get("nccl-tests")},
+                           "tool_settings": blocks[0].run_params,
+                           "out_of_bounds": sum(b.out_of_bounds or 0 for b in blocks),
+                           "tool_avg_busbw_gbps": [b.avg_busbw for b in blocks]})
+    return meta
 
 
-def _nccl_data_line(path, lineno: int, s: str, h: dict) -> dict:
-    toks = s.split()
+def _check_world(b: _NcclBlock, lineno: int, algbw: float, busbw, notes) -> None:
+    """nccl-tests' busbw is its algbw times its factor for the world it ran, both printed
+    to two decimals: a world whose factor is off by more than that rounding (a cut rank
+    list, a wrong --world) is said. Checked once per table, on its first line with algbw
+    >= 1 GB/s."""
+    b.ratio_checked = True
+    f = busbw_factor(b.bench, b.world)
+    if busbw is None or not math.isfinite(busbw) or f <= 0:
+        return
+    ratio = busbw / algbw
+    if abs(ratio - f) > 0.0051 / algbw * (1 + ratio) + 1e-4:
+        notes.add(f"line {lineno}: the file's busbw/algbw = {ratio:.3f}, but {b.bench} at world {b.world} has "
+                  f"factor {f:.3f}: the run had another rank count (check --world)")
+
+
+def _emit_rows(path, lineno: int, d: dict, b: _NcclBlock, emit, notes) -> None:
+    """The rows of one size line (its out-of-place and in-place halves)."""
+    h = b.header
+    nbytes = d["lead"]["size"]
+    if nbytes < 0:
+        raise err(path, lineno, f"nccl-tests size {nbytes} is negative")
+    if nbytes == 0:
+        b.skipped += 1
+        return
+    clock = "cpu_time" if h["cputime"] else "host_clock_loop_mean"
+    iters = b.run_params.get("iters")
+    if iters and b.run_params.get("agg_iters"):
+        iters *= b.run_params["agg_iters"]
+    typ = d["lead"].get("type", "float")
+    dtype = _NCCL_DTYPES.get(typ, typ)
+    redop, root = d["lead"].get("redop"), d["lead"].get("root")
+    params = _nccl_params(redop, root)
+    for half, v in d["halves"].items():
+        t = v.get("time", v.get("cputime"))
+        if t is None:  # zero, negative or NaN (_nccl_data_line): said, never silent
+            b.invalid += 1
+            continue
+        if not b.ratio_checked and (v.get("algbw") or 0) >= 1.0:
+            _check_world(b, lineno, v["algbw"], v.get("busbw"), notes)
+        stats, spread, note = {}, "none", "only the mean: min/p90/p99/max are not in the file"
+        if v.get("i_min") is not None:
+            stats = {"time_us_min": v.get("i_min"), "time_us_max": v.get("i_max"), "time_us_p99": v.get("i_p99")}
+            if v.get("i_cv%") is not None:
+                stats["time_us_std"] = v["i_cv%"] / 100.0 * t
+                spread = "std"
+            note = "-I per-iteration columns give min/max/p99 and std (cv); p90 is not in the file"
+        extra = {"tool_nbytes": nbytes, "redop": redop, "root": root, "source_line": lineno}
+        if d.get("timestamp"):
+            extra["timestamp"] = d["timestamp"]
+        b.rows += 1
+        emit(make_row(
+            bench=b.bench, backend="nccl", device="cuda", world=b.world, nbytes=nbytes, dtype=dtype,
+            in_place=half == "in-place", params=params, iters=iters,
+            warmup=b.run_params.get("warmup"), clock=clock, mean_us=t, stats=stats,
+            algbw=v.get("algbw"), busbw=v.get("busbw"), check=check_status(v.get("#wrong")),
+            source=f"nccl-tests stdout ({note})", time_measured=NCCL_TIME_MEASURED, spread=spread, extra=extra))
+
+
+def _nccl_data_line(path, lineno: int, toks: list[str], h: dict) -> dict:
     n = h["ncols"]
     ts = None
     if h["timestamp"] and len(toks) > n:
         toks, ts = toks[:n], " ".join(toks[n:])
+    lead_cols = h["lead"]
+    if len(toks) == n - 1 and "redop" in lead_cols:
+        # nccl-tests 2.9 and older print an empty redop field for tests without a reduction
+        # (alltoall): the line has one field fewer, and the redop's place holds the next number.
+        k = lead_cols.index("redop")
+        if k < len(toks) and re.match(r"^-?\d", toks[k]):
+            toks = toks[:k] + [""] + toks[k:]
     if len(toks) != n:
         what = f"{n} fields ({' '.join(h['lead'])} + {' '.join(h['halves'][0][1])} per half)"
-        raise err(path, lineno, f"malformed nccl-tests data line: expected {what}, got {len(toks)}: {s[:60]!r}")
+        raise err(path, lineno, f"malformed nccl-tests data line: expected {what}, got {len(toks)}: "
+                                f"{' '.join(toks)[:60]!r}")
     lead = {}
     for col, tok in zip(h["lead"], toks):
         if col in ("size", "count", "root"):
@@ -274,7 +370,7 @@ def _nccl_data_line(path, lineno: int, s: str, h: dict) -> dict:
             except ValueError:
                 raise err(path, lineno, f"malformed nccl-tests data line: {col} {tok!r} is not an integer") from None
         else:
-            lead[col] = tok
+            lead[col] = tok or None
     pos = len(h["lead"])
     halves = {}
     for name, cols in h["halves"]:
@@ -291,188 +387,3 @@ def _nccl_data_line(path, lineno: int, s: str, h: dict) -> dict:
             vals["time"] = vals["cputime"] = None  # a half that did not run
         halves[name] = vals
     return {"lead": lead, "halves": halves, "timestamp": ts}
-
-
-# ---------------------------------------------------------------------------------------
-# nccl-tests JSON (-J)
-
-def _jval(v):
-    """JSON scalars as nccl-tests writes them: numbers, "nan", "true"/"false" strings."""
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("true", "false"):
-            return low == "true"
-        try:
-            return float(v)
-        except ValueError:
-            return v
-    return v
-
-
-def _jnum(v):
-    v = _jval(v)
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    raise ValueError(v)
-
-
-def _json_result_lines(text: str) -> list[int]:
-    """Line of each element of the top-level results list (for error messages)."""
-    m = re.search(r'"results"\s*:\s*\[', text)
-    if not m:
-        return []
-    dec, pos, out = json.JSONDecoder(), m.end(), []
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return out
-        out.append(text.count("\n", 0, pos) + 1)
-        try:
-            _, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return out
-
-
-def _iter_stats(obj) -> dict | None:
-    """Per-iteration statistics (nccl-tests -I with -J) as time_us_* fields."""
-    if not isinstance(obj, dict):
-        return None
-    times = obj.get("times_us")
-    if isinstance(times, list) and times:
-        import numpy as np
-
-        t = np.array([_jnum(x) for x in times], dtype=np.float64)
-        t = t[np.isfinite(t)]
-        if t.size:
-            s = summarize_us(t * 1e-6)
-            s.pop("time_us_p50")
-            s.pop("time_us_mean")
-            return s
-    out = {"time_us_min": obj.get("min_us"), "time_us_max": obj.get("max_us"), "time_us_p99": obj.get("p99_us"),
-           "time_us_std": obj.get("stdev_us")}
-    out = {k: _jnum(v) for k, v in out.items() if v is not None}
-    out = {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
-    return out or None
-
-
-def parse_nccl_json(path, text: str, world=None, benchmark=None) -> tuple[list[dict], dict]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise err(path, e.lineno, f"not valid JSON ({e.msg}): truncated nccl-tests -J output?") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise err(path, 1, "not nccl-tests -J JSON (no top-level 'results' list)")
-    version = doc.get("version")
-    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    devices = [d for d in doc.get("devices") or [] if isinstance(d, dict)]
-    hosts = [str(d.get("hostname")) for d in sorted(devices, key=lambda d: d.get("rank", 0))]
-    gpus = sorted({str(d.get("device_info")) for d in devices if d.get("device_info")})
-    if devices:
-        n = len(devices)
-        if world is not None and int(world) != n:
-            raise err(path, 1, f"the file lists {n} devices, --world says {world}")
-    elif world is not None:
-        n = int(world)
-    else:
-        raise err(path, 1, "nccl-tests JSON without a 'devices' list: pass --world N")
-    args = [str(a) for a in doc.get("args") or []]
-    res = doc["results"]
-    lines = None
-    name = benchmark
-    if name is None and args:
-        name = benchmark_name(args[0])
-    if name is None:
-        for r in res:
-            if isinstance(r, dict) and r.get("experiment_name"):
-                name = benchmark_name(str(r["experiment_name"]))
-                break
-    name = name or name_from_filename(path)
-    if name is None:
-        raise err(path, 1, "cannot tell the collective from args, experiment_name or the file name "
-                            "(pass the benchmark name)")
-    iters_cfg = cfg.get("iterations")
-    agg = cfg.get("aggregated_iterations")
-    rows = []
-    skipped = invalid = 0
-    for k, r in enumerate(res):
-        def bad(msg):
-            nonlocal lines
-            if lines is None:
-                lines = _json_result_lines(text)
-            return err(path, lines[k] if k < len(lines) else 1, f"results[{k}]: {msg}")
-
-        if not isinstance(r, dict):
-            raise bad("not an object")
-        try:
-            nbytes = int(_jnum(r.get("size")))
-        except (TypeError, ValueError):
-            raise bad(f"size {r.get('size')!r} is not a number") from None
-        if nbytes < 0:
-            raise bad(f"size {nbytes} is negative")
-        if nbytes == 0:
-            skipped += 1
-            continue
-        typ = str(r.get("type", "float"))
-        redop = r.get("redop")
-        try:
-            root = int(str(r.get("root", "-1")).strip())
-        except ValueError:
-            raise bad(f"root {r.get('root')!r} is not an integer") from None
-        params = _nccl_params(redop, root)
-        iters = r.get("actual_iterations") or ((iters_cfg or 0) * (agg or 1)) or None
-        found = False
-        for key in ("out_of_place", "in_place"):
-            half = r.get(key)
-            if half is None:
-                continue
-            if not isinstance(half, dict):
-                raise bad(f"{key} is neither an object nor null")
-            found = True
-            try:
-                cpu = "cpu_time" in half
-                t = _jnum(half.get("cpu_time" if cpu else "time"))
-                algbw, busbw = _jnum(half.get("alg_bw")), _jnum(half.get("bus_bw"))
-                nwrong = _jnum(half.get("nwrong"))
-            except ValueError as e:
-                raise bad(f"{key}: {e.args[0]!r} is not a number") from None
-            if t is None or not math.isfinite(t) or t <= 0:
-                invalid += 1  # said in the notes, never silent
-                continue
-            st = _iter_stats(r.get(f"{key}_per_iter")) or _iter_stats(half.get("per_iter")) or _iter_stats(half)
-            if st is None and key == "out_of_place" and r.get("in_place") is None:
-                st = _iter_stats(r)
-            spread = "std" if st and "time_us_std" in st else "none"
-            note = ("per-iteration statistics give min/p90/p99/max/std" if st else
-                    "all percentiles = the mean: no per-iteration statistics in the file")
-            rows.append(make_row(
-                bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes,
-                dtype=_NCCL_DTYPES.get(typ, typ), in_place=key == "in_place", params=params, iters=iters,
-                warmup=cfg.get("warmup_iters"), clock="cpu_time" if cpu else "host_clock_loop_mean", mean_us=t,
-                stats=st, algbw=algbw if algbw is not None and math.isfinite(algbw) else None,
-                busbw=busbw if busbw is not None and math.isfinite(busbw) else None, check=check_status(nwrong),
-                source=f"nccl-tests JSON ({note})", spread=spread,
-                extra={"tool_nbytes": nbytes, "redop": redop, "root": root}))
-        if not found:
-            raise bad("neither out_of_place nor in_place holds a result")
-    versions = {}
-    if _nccl_version(doc.get("nccl_version")):
-        versions["nccl"] = _nccl_version(doc.get("nccl_version"))
-    env = {}
-    for e in doc.get("env") or []:
-        if isinstance(e, str) and "=" in e:
-            k, v = e.split("=", 1)
-            if k.startswith(ENV_PREFIXES):
-                env[k] = v
-    settings = {k: _jval(v) for k, v in cfg.items()}
-    meta = run_meta("nccl-tests-json", path, rows, hosts, gpus, n, "nccl", "cuda", versions, env,
-                 notes=([f"{skipped} size-0 result(s) skipped"] if skipped else [])
-                 + ([f"{invalid} result(s) without a valid time (zero, negative or NaN) left out"] if invalid else []),
-                 extra={"tool": {"name": "nccl-tests", "json_version": version}, "tool_settings": settings,
-                        "command": args or None, "started": doc.get("start_time"), "finished": doc.get("end_time"),
-                        "out_of_bounds": (doc.get("out_of_bounds") or {}).get("count"),
-                        "tool_avg_busbw_gbps": [_jval((doc.get("average_bus_bandwidth") or {}).get("bandwidth"))]})
-    return rows, meta
-

@@ -1,8 +1,9 @@
-"""OSU micro-benchmarks collective stdout (osu_allreduce, osu_alltoall, ... and the
-non-blocking osu_i* tests), read by its column titles (-f adds min/max, newer versions
-P50/P90/P99 and Validation).
+"""OSU micro-benchmarks stdout: the collectives (osu_allreduce, osu_alltoall, ...,
+osu_barrier, and the non-blocking osu_i* tests) and the point-to-point osu_latency, osu_bw
+and osu_bibw (send_recv rows, world 2), read by their column titles (-f adds min/max, newer
+versions P50/P90/P99 and Validation). Other OSU tests in a log are said in the notes.
 
-OSU does not print the rank count, so --world gives it. Its size is what one rank sends
+OSU does not print the rank count of a collective, so --world gives it. Its size is what one rank sends
 to one peer for allgather and alltoall, so nbytes = size x world there (commbench's S; the
 file's size is kept as `tool_nbytes`). The time is OSU's average over iterations and
 ranks. A non-blocking test becomes an `overlap` row (Overall, Compute, Pure Comm.)."""
@@ -11,9 +12,8 @@ from __future__ import annotations
 import math
 import re
 
-from commbench.core.errors import UsageError
 from commbench.core.stats import bandwidths_gbps
-from .rows import benchmark_name, busbw_factor, err, fnum, make_row, run_meta
+from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, run_meta
 from commbench.benchmarks.overlap import overlap_imb_pct
 
 _MPI_DTYPES = {"MPI_CHAR": "uint8", "MPI_BYTE": "uint8", "MPI_SIGNED_CHAR": "int8", "MPI_UNSIGNED_CHAR": "uint8",
@@ -26,7 +26,25 @@ _OSU_REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter")
 _OSU_PER_PEER = ("all_gather", "all_to_all", "all_gatherv", "all_to_allv", "gather", "scatter")
 
 
-OSU_TITLE_RE = re.compile(r"^#\s*OSU\s+(\S+)\s+(.*?)\s+Latency Test(?:\s+v?(\S+))?\s*$")
+# Every OSU test's title: "# OSU MPI Allreduce Latency Test v5.9", "# OSU MPI-CUDA Bandwidth
+# Test v7.5", "# OSU MPI_Accumulate latency Test v5.6.3" (library, test, version).
+OSU_TITLE_RE = re.compile(r"^#\s*OSU\s+(MPI-\w+|MPI|NCCL|XCCL|OpenSHMEM|UPC\+\+|UPC|\S+?)[\s_](.*?)\s+Test"
+                          r"(?:\s+v?(\S+))?\s*$", re.IGNORECASE)
+
+# OSU's point-to-point tests (two ranks) as send_recv rows: the title -> (pattern, how OSU's
+# number gives the row's time).
+_PT2PT = {
+    "latency": ("ping-pong", "osu_latency: one-way latency = half the mean round trip of a ping-pong between "
+                             "2 ranks"),
+    "bandwidth": ("unidirectional", "osu_bw: time = size / OSU's bandwidth (rank 0 sends windows of back-to-back "
+                                    "messages to rank 1; a pipelined time per message, not a latency)"),
+    "bi-directional bandwidth": ("bidirectional", "osu_bibw: time = 2 x size / OSU's bandwidth (both directions' "
+                                                  "bytes over the window's time; S per direction)"),
+}
+_PT2PT["bidirectional bandwidth"] = _PT2PT["bi-directional bandwidth"]
+
+OSU_TIME_MEASURED = "OSU: the average over ranks of each rank's mean over its iterations"
+OSU_OVERLAP_MEASURED = "OSU: Overall(us), the average over ranks of each rank's mean over its iterations"
 
 
 def _osu_columns(body: str) -> list[str]:
@@ -40,7 +58,7 @@ def _osu_key(label: str) -> str:
                      ("iters", "iterations"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"),
                      ("overall", "overall"), ("compute", "compute"), ("init", "coll.init"),
                      ("test", "mpi_test"), ("wait", "mpi_wait"), ("pure", "purecomm"), ("overlap", "overlap"),
-                     ("validation", "validation"), ("avg", "latency")):
+                     ("validation", "validation"), ("avg", "latency"), ("bw", "bandwidth(mb/s)")):
         if low.startswith(pat):
             return key
     return low
@@ -51,21 +69,48 @@ class _OsuTable:
         self.line, self.lib, self.title, self.version = line, lib, title, version
         self.cols = None
         self.dtype = None
-        self.data: list[tuple[int, dict]] = []
+        self.buffers = None  # "-d cuda": "D D", "H D", ...
+        self.kind, self.name, self.pattern = None, None, None
+        self.rows = self.skipped = self.zero = 0
 
 
-def parse_osu(path, text: str, world=None, benchmark=None) -> tuple[list[dict], dict]:
-    lines = text.splitlines()
+def _classify(t: _OsuTable, benchmark) -> None:
+    """What the table is: a collective ("coll"), its non-blocking form ("overlap"), a
+    point-to-point test commbench reads as send_recv ("pt2pt"), or one it does not import."""
+    title = t.title.strip()
+    low = title.lower()
+    if low in _PT2PT:
+        t.kind, t.name, t.pattern = "pt2pt", "send_recv", low
+        return
+    m = re.match(r"(non-?blocking\s+)?(.*?)\s+latency$", title, re.IGNORECASE)
+    if m:
+        name = benchmark_name(m.group(2))
+        if name is not None and name != "send_recv":
+            t.kind, t.name = ("overlap" if m.group(1) else "coll"), benchmark or name
+            return
+    t.kind = "unknown"
+
+
+def parse_osu(path, lines, world=None, benchmark=None, emit=None) -> dict:
+    """Stream an OSU stdout (an iterable of lines): each row goes to emit(row) as its line is
+    read; returns the run's meta. A line that is not a row inside a table (an MPI library's
+    warning) is said in the notes and the table goes on."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
     tables: list[_OsuTable] = []
     cur = None
-    for i, raw in enumerate(lines, 1):
-        s = raw.strip()
+    notes = Notes()
+    nlines = 0
+    for i, s in numbered_lines(lines):
+        nlines = i
+        s = s.strip()
         if not s:
             continue
         if s.startswith("#"):
             m = OSU_TITLE_RE.match(s)
             if m:
                 cur = _OsuTable(i, m.group(1), m.group(2), m.group(3))
+                _classify(cur, benchmark)
                 tables.append(cur)
                 continue
             body = s.lstrip("#").strip()
@@ -75,20 +120,25 @@ def parse_osu(path, text: str, world=None, benchmark=None) -> tuple[list[dict], 
             if m:
                 cur.dtype = m.group(1)
                 continue
+            m = re.match(r"Send Buffer on (\w+).*Receive Buffer on (\w+)", body, re.IGNORECASE)
+            if m:
+                cur.buffers = f"{m.group(1)[0].upper()} {m.group(2)[0].upper()}"
+                continue
             low = body.lower()
             if cur.cols is None and (low.startswith("size") or low.startswith("avg latency")):
                 cur.cols = [_osu_key(c) for c in _osu_columns(body)]
             continue
-        if cur is None or cur.cols is None:
-            continue  # launcher noise before a table
         toks = s.split()
-        if not re.match(r"^[-+]?\d", toks[0]):
-            # Noise after a table ends it; inside a table (data lines follow) it is an error.
-            nxt = next((l.strip() for l in lines[i:] if l.strip()), "")
-            if cur.data and (not nxt or nxt.startswith("#") or not re.match(r"^[-+]?\d", nxt)):
-                cur = None
-                continue
-            raise err(path, i, f"not an OSU data line: {s[:60]!r}")
+        numeric = bool(re.match(r"^[-+]?(\d|\.\d)", toks[0]))
+        if cur is None or cur.cols is None:
+            notes.unknown(i, s, " (before any OSU table)" if numeric else "")
+            continue
+        if not numeric:
+            notes.unknown(i, s, f" (inside the OSU table of line {cur.line})" if cur.rows or cur.skipped else "")
+            continue
+        if cur.kind == "unknown":
+            cur.skipped += 1
+            continue
         if len(toks) != len(cur.cols):
             raise err(path, i, f"malformed OSU data line: expected {len(cur.cols)} fields "
                                 f"({', '.join(cur.cols)}), got {len(toks)}: {s[:60]!r}")
@@ -101,101 +151,142 @@ def parse_osu(path, text: str, world=None, benchmark=None) -> tuple[list[dict], 
                 vals[col] = fnum(tok)
             except ValueError:
                 raise err(path, i, f"malformed OSU data line: {col} {tok!r} is not a number") from None
-        cur.data.append((i, vals))
+        _emit_row(path, i, vals, cur, world, emit)
     if not tables:
-        raise err(path, 1, f"no '# OSU ... Latency Test' title line in {len(lines)} lines: not OSU collective "
-                            f"output")
+        raise err(path, 1, f"no '# OSU ... Test' title line in {nlines} lines: not OSU output")
+    known = [t for t in tables if t.kind != "unknown"]
     for t in tables:
+        if t.kind == "unknown":
+            notes.add(f"line {t.line}: OSU test {t.title!r} is not one commbench imports (collectives, osu_latency, "
+                      f"osu_bw, osu_bibw): its {t.skipped} data line(s) skipped")
+            continue
         if t.cols is None:
             raise err(path, t.line, "OSU title without a column header after it: truncated output?")
-        if not t.data:
-            raise err(path, len(lines), f"OSU table of line {t.line} has no data lines: truncated output?")
-    if world is None:
-        raise err(path, tables[0].line, "OSU output does not carry the rank count: pass --world N")
-    n = int(world)
-    if n < 1:
-        raise UsageError(f"{path}: --world must be >= 1, got {world}")
-    rows, notes = [], []
-    device = "cpu"
-    for t in tables:
-        title = t.title
-        nonblocking = bool(re.match(r"non-?blocking\s+", title, re.IGNORECASE))
-        coll_title = re.sub(r"^non-?blocking\s+", "", title, flags=re.IGNORECASE)
-        name = benchmark or benchmark_name(coll_title)
-        if name is None:
-            raise err(path, t.line, f"OSU test {title!r} is not a collective commbench knows "
-                                     f"(known: Allreduce, Allgather, Alltoall, Reduce_scatter, Broadcast, Barrier, "
-                                     f"Reduce, Gather, Scatter)")
-        lib = t.lib.upper()
-        dev = "cuda" if "CUDA" in lib or lib in ("NCCL", "XCCL") else ("rocm" if "ROCM" in lib else "cpu")
-        device = dev
-        backend = "nccl" if lib in ("NCCL", "XCCL") else "mpi"
-        dtype = _MPI_DTYPES.get(t.dtype or "", None) or (t.dtype.lower() if t.dtype else None) or \
-            ("float32" if name in _OSU_REDUCTIONS else "uint8")
-        per_peer = name in _OSU_PER_PEER
-        for lineno, v in t.data:
-            _check_line(path, lineno, v)
-            size = int(v.get("size") or 0)
-            nbytes = size * n if per_peer else size
-            if name != "barrier" and nbytes <= 0:
-                continue
-            check = "skipped"
-            if "validation" in v:
-                check = "ok" if str(v["validation"]).lower().startswith("pass") else "fail"
-            extra = {"tool_nbytes": size, "source_line": lineno}
-            if "min" in v:
-                extra["osu_min_us"], extra["osu_max_us"] = v.get("min"), v.get("max")
-            if "p50" in v:
-                extra["iter_p50_us"] = v["p50"]
-            if nonblocking:
-                overall, compute, pure = v.get("overall"), v.get("compute"), v.get("pure")
-                if overall is None or pure is None:
-                    raise err(path, lineno, "non-blocking OSU line lacks Overall(us) or Pure Comm.(us)")
-                extra.update(_overlap_fields(pure, compute, overall, v.get("overlap")))
-                extra.update(mode="single", bandwidth_note="algbw/busbw: the pure collective (Pure Comm.(us), "
-                                                           "S = the message); time_us_*: Overall(us)")
-                f = busbw_factor(name, n)
-                algbw, busbw = bandwidths_gbps(nbytes, pure, f)
-                row = make_row(
-                    bench="overlap", backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
-                    params={"mode": "single", "collective": name}, iters=v.get("iters"), clock="host_clock",
-                    mean_us=overall, algbw=algbw, busbw=busbw, check=check,
-                    source="OSU stdout (time = Overall(us), a mean; all percentiles = the mean; overlap_imb_pct "
-                           "computed from Overall/Compute/Pure Comm.; compute_slowdown: OSU does not time the "
-                           "compute alone)",
-                    spread="none", extra=extra)
-                row["busbw_factor"] = f
-                rows.append(row)
-                continue
-            avg = v.get("avg")
-            if avg is None:
-                raise err(path, lineno, "OSU line lacks Avg Latency(us)")
-            stats = {}
-            if "p90" in v:
-                stats["time_us_p90"] = v["p90"]
-            if "p99" in v:
-                stats["time_us_p99"] = v["p99"]
-            note = ("P90/P99 columns give p90/p99; min = the mean, max = p99" if stats else
-                    "all percentiles = the mean: OSU prints an average")
-            if "min" in v:
-                note += "; osu_min_us/osu_max_us are OSU's min/max over ranks of the average, not per iteration"
-            rows.append(make_row(
-                bench=name, backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
-                iters=v.get("iters"), clock="host_clock", mean_us=avg, stats=stats, check=check,
-                source=f"OSU stdout ({note})", spread="none", extra=extra))
-        if per_peer:
-            notes.append(f"{title}: OSU size is per peer; nbytes = size x {n} (commbench S)")
-    versions = {"osu": tables[0].version} if tables[0].version else {}
-    meta = run_meta("osu", path, rows, [], [], n, rows[0]["backend"] if rows else "mpi", device, versions, {},
-                 notes=notes, extra={"tool": {"name": "OSU micro-benchmarks", "version": tables[0].version,
-                                              "tests": [t.title for t in tables]}})
-    return rows, meta
+        if not t.rows and not t.zero:
+            raise err(path, nlines, f"OSU table of line {t.line} has no data lines: truncated output?")
+        if t.zero:
+            notes.add(f"line {t.line}: {t.title}: {t.zero} size-0 line(s) skipped")
+        if t.name in _OSU_PER_PEER:
+            notes.add(f"{t.title}: OSU size is per peer; nbytes = size x {world} (commbench S)")
+        if t.kind == "pt2pt":
+            notes.add(f"line {t.line}: OSU {t.title} (point-to-point, 2 ranks) as send_recv rows, pattern "
+                      f"{_PT2PT[t.pattern][0]}" + (f" (world 2, not --world {world}: the test runs on exactly two "
+                                                   f"ranks)" if world is not None and int(world) != 2 else ""))
+    if not known:
+        names = ", ".join(f"{t.title!r} (line {t.line})" for t in tables)
+        raise err(path, tables[0].line, f"no OSU test commbench imports: {names} (it imports the collectives, "
+                                         f"osu_latency, osu_bw and osu_bibw)")
+    first = known[0]
+    device = _device(first)
+    backend = "nccl" if first.lib.upper() in ("NCCL", "XCCL") else "mpi"
+    worlds = [2 if t.kind == "pt2pt" else int(world) for t in known]
+    versions = {"osu": first.version} if first.version else {}
+    return run_meta("osu", path, sum(t.rows for t in known), [], [], max(worlds), backend, device, versions, {},
+                    notes=notes.lines(), extra={"tool": {"name": "OSU micro-benchmarks", "version": first.version,
+                                                         "tests": [t.title for t in tables]}})
+
+
+def _device(t: _OsuTable) -> str:
+    lib = t.lib.upper()
+    if t.buffers is not None:
+        return "cpu" if t.buffers == "H H" else ("rocm" if "ROCM" in lib else "cuda")
+    return "cuda" if "CUDA" in lib or lib in ("NCCL", "XCCL") else ("rocm" if "ROCM" in lib else "cpu")
+
+
+def _emit_row(path, lineno: int, v: dict, t: _OsuTable, world, emit) -> None:
+    """The row of one OSU data line."""
+    if t.kind == "pt2pt":
+        n = 2  # osu_latency, osu_bw and osu_bibw run on exactly two ranks
+    elif world is None:
+        raise err(path, t.line, "OSU output does not carry the rank count: pass --world N")
+    else:
+        n = int(world)
+    name = t.name
+    if "size" not in v:
+        if name != "barrier":
+            raise err(path, lineno, f"OSU {t.title} line without a Size column")
+        v["size"] = 0.0
+    _check_line(path, lineno, v)
+    dev = _device(t)
+    backend = "nccl" if t.lib.upper() in ("NCCL", "XCCL") else "mpi"
+    dtype = _MPI_DTYPES.get(t.dtype or "", None) or (t.dtype.lower() if t.dtype else None) or \
+        ("float32" if name in _OSU_REDUCTIONS else "uint8")
+    size = int(v["size"])
+    nbytes = size * n if name in _OSU_PER_PEER else size
+    if name != "barrier" and nbytes <= 0:
+        t.zero += 1  # osu_latency's size 0 line: no bytes, no point (said in the notes)
+        return
+    check = "skipped"
+    if "validation" in v:
+        check = "ok" if str(v["validation"]).lower().startswith("pass") else "fail"
+    extra = {"tool_nbytes": size, "source_line": lineno}
+    if t.buffers:
+        extra["osu_buffers"] = t.buffers
+    if "min" in v:
+        extra["osu_min_us"], extra["osu_max_us"] = v.get("min"), v.get("max")
+    if "p50" in v:
+        extra["iter_p50_us"] = v["p50"]
+    t.rows += 1
+    if t.kind == "overlap":
+        overall, compute, pure = v.get("overall"), v.get("compute"), v.get("pure")
+        if overall is None or pure is None:
+            raise err(path, lineno, "non-blocking OSU line lacks Overall(us) or Pure Comm.(us)")
+        extra.update(_overlap_fields(pure, compute, overall, v.get("overlap")))
+        extra.update(mode="single", bandwidth_note="algbw/busbw: the pure collective (Pure Comm.(us), "
+                                                   "S = the message); time_us_*: Overall(us)")
+        f = busbw_factor(name, n)
+        algbw, busbw = bandwidths_gbps(nbytes, pure, f)
+        row = make_row(
+            bench="overlap", backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
+            params={"mode": "single", "collective": name}, iters=v.get("iters"), clock="host_clock",
+            mean_us=overall, algbw=algbw, busbw=busbw, check=check,
+            source="OSU stdout (time = Overall(us), a mean; min/p90/p99/max are not in the file; overlap_imb_pct "
+                   "computed from Overall/Compute/Pure Comm.; compute_slowdown: OSU does not time the compute "
+                   "alone)", time_measured=OSU_OVERLAP_MEASURED, spread="none", extra=extra)
+        row["busbw_factor"] = f
+        emit(row)
+        return
+    stats = {k: v[c] for k, c in (("time_us_p90", "p90"), ("time_us_p99", "p99")) if c in v}
+    if t.kind == "pt2pt":
+        pattern, measured = _PT2PT[t.pattern]
+        if t.pattern == "latency":
+            mean = v.get("avg")
+            if mean is None:
+                raise err(path, lineno, "osu_latency line lacks Latency (us)")
+            algbw = None
+        else:
+            bw = v.get("bw")
+            if bw is None or not (math.isfinite(bw) and bw > 0):
+                raise err(path, lineno, f"OSU Bandwidth (MB/s) {bw!r} is not a positive finite number")
+            extra["osu_bw_mbps"] = bw
+            per_dir_mbps = bw / 2 if pattern == "bidirectional" else bw
+            mean = size / per_dir_mbps  # bytes / (1e6 B/s) = us
+            algbw = per_dir_mbps / 1000.0
+        emit(make_row(
+            bench="send_recv", backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
+            params={"pattern": pattern}, iters=v.get("iters"), clock="host_clock", mean_us=mean, algbw=algbw,
+            stats=stats if t.pattern == "latency" else None, check=check,
+            source=f"OSU {t.title} stdout ({measured}; "
+                   + ("P90/P99 columns give p90/p99" if stats and t.pattern == "latency" else
+                      "min/p90/p99/max are not in the file") + ")",
+            time_measured=f"OSU: {measured}", spread="none", extra=extra))
+        return
+    avg = v.get("avg")
+    if avg is None:
+        raise err(path, lineno, "OSU line lacks Avg Latency(us)")
+    note = "P90/P99 columns give p90/p99" if stats else "only the average: min/p90/p99/max are not in the file"
+    if "min" in v:
+        note += "; osu_min_us/osu_max_us are OSU's min/max over ranks of the average, not per iteration"
+    emit(make_row(
+        bench=name, backend=backend, device=dev, world=n, nbytes=nbytes, dtype=dtype,
+        iters=v.get("iters"), clock="host_clock", mean_us=avg, stats=stats, check=check,
+        source=f"OSU stdout ({note})", time_measured=OSU_TIME_MEASURED, spread="none", extra=extra))
 
 
 # No message is larger than this (1 PiB): a bigger size is a corrupt line, not a result.
 MAX_SIZE = 1 << 50
-_TIME_COLUMNS = {"avg": "Avg Latency(us)", "min": "Min Latency(us)", "max": "Max Latency(us)", "p50": "P50",
-                 "p90": "P90", "p99": "P99", "overall": "Overall(us)", "pure": "Pure Comm.(us)",
+_TIME_COLUMNS = {"avg": "Avg Latency(us)", "bw": "Bandwidth (MB/s)", "min": "Min Latency(us)",
+                 "max": "Max Latency(us)", "p50": "P50", "p90": "P90", "p99": "P99", "overall": "Overall(us)", "pure": "Pure Comm.(us)",
                  "compute": "Compute(us)"}
 
 

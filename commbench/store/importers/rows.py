@@ -45,6 +45,64 @@ def err(path, line, msg: str) -> UsageError:
     return UsageError(f"{path}:{line}: {msg}")
 
 
+# Launchers' line prefixes: Open MPI --tag-output "[1,0]<stdout>:" (after a --timestamp-output
+# date when there is one) and srun -l "0: ". A line's prefix is cut before it is read, so a
+# tagged log reads like an untagged one.
+_PREFIX_RE = re.compile(r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d \d{4})?\[\d+,\d+\]<std(?:out|err)>:\s?"
+                        r"|^\d+: ")
+
+
+def strip_prefix(line: str) -> str:
+    """The line without a launcher's prefix ("[1,0]<stdout>:", "0: ")."""
+    return _PREFIX_RE.sub("", line, count=1)
+
+
+def numbered_lines(lines):
+    """(line number, text without its launcher prefix and line end) of an iterable of lines
+    (an open file streams: nothing holds the whole file)."""
+    for i, raw in enumerate(lines, 1):
+        yield i, strip_prefix(raw.rstrip("\r\n"))
+
+
+class Notes:
+    """What a parser could not read, said with line numbers (the first few quoted, the rest
+    counted), and counts of lines it knows to be noise (NCCL's log)."""
+
+    QUOTED = 10
+
+    def __init__(self):
+        self.items: list[str] = []
+        self._unknown: list[str] = []
+        self._unknown_more = 0
+        self._unknown_last = 0
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, text: str) -> None:
+        self.items.append(text)
+
+    def unknown(self, lineno: int, line: str, where: str = "") -> None:
+        if len(self._unknown) < self.QUOTED:
+            self._unknown.append(f"line {lineno}: not understood{where}, skipped: {line.strip()[:100]!r}")
+        else:
+            self._unknown_more += 1
+            self._unknown_last = lineno
+
+    def count(self, what: str, lineno: int) -> None:
+        c = self.counts.setdefault(what, [0, lineno, lineno])
+        c[0] += 1
+        c[2] = lineno
+
+    def lines(self) -> list[str]:
+        out = list(self._unknown)
+        if self._unknown_more:
+            out.append(f"{self._unknown_more} more line(s) not understood, skipped (the last at line "
+                       f"{self._unknown_last})")
+        for what, (n, first, last) in self.counts.items():
+            out.append(f"{n} {what} line(s) skipped (lines {first}-{last})" if n > 1 else
+                       f"1 {what} line skipped (line {first})")
+        return out + self.items
+
+
 def _norm_name(text: str) -> str:
     t = Path(str(text)).name.lower()
     t = re.sub(r"\.(txt|log|out|json)$", "", t)
@@ -107,25 +165,24 @@ def check_status(nwrong) -> str:
 
 def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default", params=None, stage="",
              iters=None, warmup=None, clock, mean_us, stats=None, algbw=None, busbw=None, check="skipped",
-             source, spread="none", extra=None, in_place: bool = False) -> dict:
+             source, time_measured, spread="none", extra=None, in_place: bool = False) -> dict:
     """A row with every results.ROW_FIELDS field. time_us_p50 = time_us_mean = the tool's
-    (mean) time; `stats` may give time_us_min/p90/p99/max/std from per-iteration data,
-    anything it lacks equals the mean (std: None)."""
+    (mean) time, the number reports and compare read; `stats` may give
+    time_us_min/p90/p99/max/std from per-iteration data. A statistic the tool did not give
+    is NaN, never another number standing in for it. time_measured says how the tool
+    measured its time (the report's footer)."""
 
     params = dict(params or {})
     nbytes = int(nbytes)
     factor = busbw_factor(bench, int(world))
     st = {k: float(v) for k, v in (stats or {}).items() if v is not None}
     t = float(mean_us)
-    # Unknown extremes bracket what is known, so min <= p50 <= p90 <= p99 <= max still holds.
-    known = [t] + [v for k, v in st.items() if k != "time_us_std"]
-    st.setdefault("time_us_min", min(known))
-    st.setdefault("time_us_max", max(known))
     if algbw is None:
         algbw = bandwidths_gbps(nbytes, t, factor)[0]
     if busbw is None:
         busbw = algbw * factor
     placement = placement_of(bench, in_place)
+    nan = float("nan")
     row = {
         "schema": SCHEMA_VERSION, "point_key": point_key(bench, world, nbytes, dtype, params, variant, placement),
         "benchmark": bench, "backend": backend, "device": device,
@@ -133,12 +190,13 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
         "params": params,
         "stage": stage, "iters": None if iters is None else int(iters),
         "warmup": None if warmup is None else int(warmup), "timing": "imported", "clock": clock,
-        "time_us_min": float(st.get("time_us_min", t)), "time_us_p50": t, "time_us_mean": t,
-        "time_us_p90": float(st.get("time_us_p90", t)), "time_us_p99": float(st.get("time_us_p99", t)),
-        "time_us_max": float(st.get("time_us_max", t)),
-        "time_us_std": float(st["time_us_std"]) if "time_us_std" in st else None,
+        "time_us_min": st.get("time_us_min", nan), "time_us_p50": t, "time_us_mean": t,
+        "time_us_p90": st.get("time_us_p90", nan), "time_us_p99": st.get("time_us_p99", nan),
+        "time_us_max": st.get("time_us_max", nan),
+        "time_us_std": st["time_us_std"] if "time_us_std" in st else None,
         "algbw_gbps": float(algbw), "busbw_gbps": float(busbw), "busbw_factor": factor, "check": check,
-        "source": source, "spread": spread if "time_us_std" in st or spread == "none" else "none",
+        "source": source, "time_measured": time_measured,
+        "spread": spread if "time_us_std" in st or spread == "none" else "none",
     }
     row.update(extra or {})
     return row
@@ -147,7 +205,7 @@ def make_row(*, bench, backend, device, world, nbytes, dtype, variant="default",
 # ---------------------------------------------------------------------------------------
 # meta.json
 
-def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env, notes, extra) -> dict:
+def run_meta(fmt, path, nrows, hosts, gpus, world, backend, device, versions, env, notes, extra) -> dict:
     """meta.json of one imported file; `extra` adds to it, or replaces where not None."""
 
     meta = {
@@ -165,7 +223,7 @@ def run_meta(fmt, path, rows, hosts, gpus, world, backend, device, versions, env
         "hosts": hosts,
         "nodes": node_ids(hosts) if hosts else None,
         "gpus": gpus,
-        "points": len(rows),
+        "points": nrows,
         "imported_from": os.path.abspath(str(path)),
         "source_format": fmt,
         "source": SOURCE_NAMES[fmt],
