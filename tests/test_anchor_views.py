@@ -136,7 +136,7 @@ def test_imported_nccl_tests_file_reads_as_nccl_tests_printed_it(tmp_path):
 
     for name in ("nccl_all_reduce_8gpu.txt", "nccl_alltoall_8gpu.txt"):
         src = (FIXTURES / name).read_text()
-        out, _, _ = import_to_run([FIXTURES / name], tmp_path / name)
+        out, _ = import_to_run([FIXTURES / name], tmp_path / name)
         lines = nccl_tests_lines(commbench.load(out).to_dict("records"))
         ours = [ln for ln in lines if not ln.startswith("#")]
         # The importer keeps no 0-byte point (alltoall's first line): every other line, as printed.
@@ -155,7 +155,7 @@ def test_osu_style_prints_size_avg_min_max_iterations(tmp_path):
     from commbench.report.styles import OSU_HEADER, osu_lines
 
     src = (FIXTURES / "osu_allreduce_f.txt").read_text()
-    out, _, _ = import_to_run([FIXTURES / "osu_allreduce_f.txt"], tmp_path / "osu", world=4)
+    out, _ = import_to_run([FIXTURES / "osu_allreduce_f.txt"], tmp_path / "osu", world=4)
     lines = osu_lines(commbench.load(out).to_dict("records"))
     assert OSU_HEADER in lines
     assert [ln for ln in lines if not ln.startswith("#")] == _data_lines(src)
