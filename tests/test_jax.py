@@ -101,7 +101,7 @@ def test_faults_inside_programs_are_caught_and_moe_runs(tmp_path):
 
 
 def test_moe_refused_in_one_line_where_ragged_all_to_all_does_not_run(tmp_path):
-    from commbench.backends.jax_dist import ragged_all_to_all_support
+    from commbench.backends.jax_probe import ragged_all_to_all_support
 
     why = ragged_all_to_all_support("cpu")  # the environment now carries the verdict to the CLI
     if why is None:

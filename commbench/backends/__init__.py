@@ -14,8 +14,8 @@ from commbench.backends.gpus import visible_gpus
 # name -> (module, class, device)
 BACKENDS = {
     "mpi": ("commbench.backends.mpi", "MpiBackend"),
-    "gloo": ("commbench.backends.torch_dist", "TorchBackend"),
-    "nccl": ("commbench.backends.torch_dist", "TorchBackend"),
+    "gloo": ("commbench.backends.torch_backend", "TorchBackend"),
+    "nccl": ("commbench.backends.torch_backend", "TorchBackend"),
     "jax": ("commbench.backends.jax_dist", "JaxBackend"),
 }
 # dtypes each backend carries (MPI has no bfloat16 datatype).

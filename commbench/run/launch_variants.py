@@ -14,7 +14,7 @@ from . import launch
 from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
 from commbench.run.variants import lookup
 from commbench.store.results import RunDir, Status, base_meta, overall_status
-from commbench.backends.torch_dist import symm_mem_support
+from commbench.backends.torch_backend import symm_mem_support
 from commbench.report.terminal import variant_tables
 from commbench.store.results import load
 
