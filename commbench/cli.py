@@ -9,6 +9,7 @@ from .backends import BACKENDS
 from commbench.core.errors import RunFailed, UsageError
 from commbench.report.styles import STYLES
 from commbench.analyse.ceilings import resolve_profile_spec
+from commbench.report.model_view import ceilings_command, model_command
 from commbench.run.session import run_command
 from commbench.store.results import check_out_dir
 from commbench.run.suite import TIMING_METHODS, key_help
@@ -225,137 +226,6 @@ def _profiles(args, default: list[str]):
     return [ceilings.apply_overrides(ceilings.load_profile(n), profile_overrides(args)) for n in names]
 
 
-def cmd_ceilings(args) -> int:
-    from rich import box
-    from rich.table import Table
-
-    from commbench.analyse import ceilings
-    from commbench.report.terminal import make_console, stdout_is_tty
-
-    rows = ceilings.profiles_table_rows(_profiles(args, ceilings.list_profiles()))
-    t = Table(title="hardware profiles", box=box.ASCII if not stdout_is_tty() else box.SIMPLE_HEAD,
-              caption="GB/s = 1e9 bytes/s PER DIRECTION (busbw compares with one direction; NVIDIA's 900 GB/s and "
-                      "1.8 TB/s NVLink figures are both directions summed); NIC Gb/s = gigabits per direction "
-                      "(800 Gb/s = 100 GB/s); HBM is total. line = physical rate, achieved = what a tuned stack "
-                      "typically reaches. loopback is measured at the start of each run (meta.json 'ceilings').")
-    for c in rows[0]:
-        t.add_column(c, justify="left" if c in ("profile", "scale-up link", "domain", "NIC") else "right")
-    for r in rows:
-        t.add_row(*r.values())
-    make_console().print(t)
-    return 0
-
-
-def cmd_model(args) -> int:
-    from rich import box
-    from rich.table import Table
-
-    from commbench.analyse import model as M
-    from commbench.analyse.analysis import fit_table
-    from commbench.report.terminal import make_console, stdout_is_tty
-    from commbench.store.results import load, load_meta
-    from commbench.core.units import fmt_size, parse_size
-
-    console = make_console()
-    plain = not stdout_is_tty()
-    if args.against is not None:
-        from commbench.report.model_view import cmd_against
-
-        # each row of the table names its own profile, world, size and shape
-        given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
-                                                      "hidden", "experts", "topk", "max_groups", "nic_gbps",
-                                                      "scaleup_GBps", "domain_gpus")
-                 if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else [])
-        if given:
-            raise UsageError(f"--against takes profiles, worlds, sizes and shapes from the table's rows; "
-                             f"drop {', '.join(given)}")
-        return cmd_against(args.against or None, console, plain)
-    worlds = args.worlds or [8, 16, 32, 64, 128, 256, 512, 1024]
-    if any(w < 1 for w in worlds):
-        raise UsageError(f"--worlds must be positive, got {worlds}")
-    sizes = [parse_size(x) for x in _csv(args.sizes or "1M,64M,1G")]
-    fabrics = []
-    if args.calibrate:
-        from commbench.analyse import ceilings
-
-        meta = load_meta(args.calibrate)
-        fields = ((meta.get("ceilings") or {}).get("fields")) or {}
-        if not fields:
-            raise UsageError(f"{args.calibrate}: meta.json has no measured profile to calibrate")
-        prof = ceilings.Profile(**{k: v for k, v in fields.items() if k in ceilings.Profile.__dataclass_fields__})
-        base = _fabric(M, prof, args.rate)
-        fabrics.append((f"{prof.name} calibrated from {args.calibrate}", M.calibrate_fabric(fit_table(load(args.calibrate)), base)))
-    else:
-        for prof in _profiles(args, ["gb300-nvl72", "h100-hgx"]):
-            if prof.measured and prof.scaleup_line_gbps is None:
-                raise UsageError(f"profile {prof.name} is measured at run time: use --calibrate RUN_DIR")
-            fabrics.append((prof.name, _fabric(M, prof, args.rate)))
-    for k in ("tokens", "hidden", "experts", "topk", "max_groups"):
-        v = getattr(args, k)
-        if v is not None and v < 1:  # a shape of nothing routes nothing: every case would be left out
-            raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
-    experts = args.experts or M.moe_scenario_defaults()["experts"]
-    if args.topk is not None and args.topk > experts:
-        raise UsageError(f"--topk {args.topk} exceeds the {experts} experts a token can be sent to")
-    shape = {k: getattr(args, k.replace("-", "_")) for k in ("tokens", "hidden", "experts", "topk")
-             if getattr(args, k) is not None}
-    if args.max_groups is not None:
-        shape["M"] = args.max_groups
-    if "hidden" in shape:
-        from .moe import accounting
-
-        try:
-            shape["token_nbytes"] = accounting.token_bytes(shape["hidden"], "fp8")
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    console.print("assumptions:\n" + "\n".join(f"  - {a}" for a in M.ASSUMPTIONS))
-    for name, fab in fabrics:
-        up, out = fab.scaleup, fab.scaleout
-        desc = (f"{name} ({args.rate} rates): scale-up {up.bandwidth_gbps:.4g} GB/s/dir alpha {up.alpha_us:.3g} us, "
-                f"G={fab.domain_gpus or 'one host'}" + (f"; scale-out {out.bandwidth_gbps:.4g} GB/s/dir alpha "
-                                                        f"{out.alpha_us:.3g} us" if out else "; no scale-out tier"))
-        skipped: list = []
-        rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos,
-                         skipped=skipped)
-        t = Table(title=desc, box=box.ASCII if plain else box.SIMPLE_HEAD)
-        # placement: how the world sits on the domains (2 x 64/72: two racks, 64 of 72 GPUs each).
-        if args.kind == "moe":
-            cols = ("world", "placement", "case", "NIC copies/token", "NVLink copies/token", "dispatch (us)",
-                    "combine (us)", "bottleneck")
-            for c in cols:
-                t.add_column(c, justify="left" if c in ("case", "bottleneck", "placement") else "right")
-            for r in rows:
-                t.add_row(str(r["world"]), str(r.get("placement", "")), r["case"], f"{r['nic_copies_per_token']:.3f}",
-                          f"{r['nvl_copies_per_token']:.3f}", f"{r['dispatch_us']:.1f}", f"{r['combine_us']:.1f}",
-                          f"{r['dispatch_bottleneck']} ({r['dispatch_bound']})")
-        else:
-            for c in ("world", "placement", "size", "algorithm", "NCCL name", "time (us)", "algbw (GB/s)",
-                      "busbw (GB/s)", "bound"):
-                t.add_column(c, justify="left" if c in ("algorithm", "placement", "NCCL name", "bound") else "right")
-            for r in rows:
-                t.add_row(str(r["world"]), str(r.get("placement", "")), fmt_size(r["nbytes"]), r["algo"],
-                          r.get("nccl", "-"), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}",
-                          f"{r['busbw_gbps']:.2f}", r.get("bound", ""))
-        console.print(t)
-        if args.kind == "all_reduce":  # what NCCL itself would run there, and why
-            for p in worlds:
-                for S in sizes:
-                    pick = M.nccl_pick(p, S, fab)
-                    console.print(f"NCCL would pick at world {p}, {fmt_size(S)}: {pick['nccl']} "
-                                  f"{pick['time_us']:.4g} us: {pick['why']}")
-        said = set()
-        for sk in skipped:  # every case left out, with the model's reason, never silently
-            line = f"left out: world {sk['world']} {sk.get('case') or ''}: {sk['reason']}".replace("  ", " ")
-            if line not in said:
-                said.add(line)
-                console.print(line)
-    return 0
-
-
-def _fabric(M, prof, rate: str):
-    return M.fabric_from_profile(prof, rate)
-
-
 class _DroppingStdout:
     """sys.stdout that survives its reader: a closed stdout (`>&-`) or a pipe whose reader
     left (`| head -1`) drops what would be printed from then on, and the command (a run's
@@ -486,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {note}")
             return 0
         if args.cmd == "ceilings":
-            return cmd_ceilings(args)
+            return ceilings_command(lambda default: _profiles(args, default))
         if args.cmd == "model":
-            return cmd_model(args)
+            return model_command(args, lambda default: _profiles(args, default))
     except UsageError as e:
         from commbench.run.launch import say_once
 
