@@ -317,7 +317,7 @@ def test_both_placements_on_a_backend_with_one_measure_it_once(tmp_path):
     import subprocess
     import sys
 
-    from commbench.run.runner import describe
+    from commbench.report.progress import describe
 
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "commbench", "run", "-b", "all_reduce", "--sizes", "64", "--np", "2",

@@ -332,3 +332,13 @@ def time_held(op: Op, batches: int, ops_per_batch: int, hold: Callable[[float], 
     if per_op:
         return HeldTimes(times, host, np.repeat(covered, n), n, True)
     return HeldTimes(times / n, host, covered, n, False)
+
+
+def clock_name(cuda_graph: bool, comm, op) -> str:
+    """How a row's samples were clocked: the loop in C (mpi_timeloop) reads the same
+    monotonic clock per iteration as the Python loop, and the row says which loop ran."""
+    if cuda_graph:
+        return "cuda_graph"
+    if getattr(op, "compiled_loop", None) is not None:
+        return "host_clock_compiled_loop"
+    return comm.timing_method

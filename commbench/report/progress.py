@@ -86,3 +86,19 @@ def _ttyname(f) -> str | None:
         return os.ttyname(f.fileno())
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def describe(point) -> str:
+    """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
+    what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
+            f"{fmt_size(point.nbytes)} {point.dtype}")
+    return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"
+
+
+def describe_row(row: dict) -> str:
+    """A row in a warning line: with its params, so rows of one size (overlap's modes, MoE's
+    routings) are told apart."""
+    extra = "".join(f" {k}={v}" for k, v in (row.get("params") or {}).items())
+    stage = f" {row['stage']}" if row.get("stage") else ""
+    return (f"{row['benchmark']}{stage} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} "
+            f"world {row.get('world')}{extra}")

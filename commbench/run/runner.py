@@ -18,7 +18,6 @@ from commbench.core.schema import SCHEMA_VERSION, point_key
 from commbench.core.whoami import world_mismatch
 from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
-from commbench.core.units import fmt_size
 from commbench.analyse import ceilings
 from commbench.backends import probe
 from commbench.core.errors import RunFailed, UsageError
@@ -29,7 +28,8 @@ from commbench.run.plan import point_seconds
 from commbench.run.variants import BUILTIN, lookup
 from commbench.store.results import RunLock, held_by_my_launcher
 from commbench.backends import mpi_timeloop
-from commbench.report.progress import Progress
+from commbench.backends.timing import clock_name
+from commbench.report.progress import Progress, describe, describe_row
 from commbench.report.terminal import analysis_tables, print_tables
 
 
@@ -38,32 +38,6 @@ PROBE_BUDGET_S = 30.0
 # for it in the last agreement: no communication, but on a busy host (pandas and rich
 # imported, a long sweep's analysis) it can outlast a short --timeout, which is meant for one.
 TABLES_BUDGET_S = 60.0
-
-
-def describe(point) -> str:
-    """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
-    what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
-            f"{fmt_size(point.nbytes)} {point.dtype}")
-    return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"
-
-
-def describe_row(row: dict) -> str:
-    """A row in a warning line: with its params, so rows of one size (overlap's modes, MoE's
-    routings) are told apart."""
-    extra = "".join(f" {k}={v}" for k, v in (row.get("params") or {}).items())
-    stage = f" {row['stage']}" if row.get("stage") else ""
-    return (f"{row['benchmark']}{stage} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} "
-            f"world {row.get('world')}{extra}")
-
-
-def clock_name(cuda_graph: bool, comm, op) -> str:
-    """How a row's samples were clocked: the loop in C (mpi_timeloop) reads the same
-    monotonic clock per iteration as the Python loop, and the row says which loop ran."""
-    if cuda_graph:
-        return "cuda_graph"
-    if getattr(op, "compiled_loop", None) is not None:
-        return "host_clock_compiled_loop"
-    return comm.timing_method
 
 
 class Harness:
