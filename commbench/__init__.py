@@ -1,4 +1,4 @@
-from commbench.store.results import load as _load
+from commbench.store.load import load as _load
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from commbench.store.results import load
+from commbench.store.load import load
 from conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None,

@@ -7,7 +7,7 @@ import pytest
 import commbench.moe as M
 from commbench.benchmarks.moe import MoE
 from commbench.benchmarks.moe.host import _bf16, _from_bf16, reduce_bf16_rows, regroup_perm, send_order, token_value
-from commbench.store.results import load
+from commbench.store.load import load
 from conftest import needs_mpi, needs_torch, run_cli
 
 SMALL = ["--param", "moe.tokens=64", "--param", "moe.hidden=256", "--param", "moe.experts=16",

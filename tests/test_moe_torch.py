@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 import commbench.moe as M
 from commbench.backends.moe import torch_normal as tm
 from commbench.benchmarks.moe.host import regroup_perm, send_order
-from commbench.store.results import load
+from commbench.store.load import load
 from conftest import run_cli
 
 SMALL = ["--param", "moe.tokens=128", "--param", "moe.hidden=256", "--param", "moe.experts=16",

@@ -5,7 +5,7 @@ import pytest
 
 from commbench.benchmarks import registry
 from commbench.core.schema import ROW_FIELDS
-from commbench.store.results import load
+from commbench.store.load import load
 from conftest import needs_mpi, needs_torch, run_cli
 
 STANDARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "barrier"]

@@ -482,7 +482,7 @@ FIELDS = ("t_comm_us", "t_compute_us", "t_overall_us", "t_compute_during_us", "o
 
 
 def _run(tmp_path, backend, extra):
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     out = tmp_path / backend
     p = run_cli("run", "-b", "overlap", "--backend", backend, "--np", 2, "--sizes", "64K,1M", "--check",
@@ -523,7 +523,7 @@ def test_gloo_two_ranks(tmp_path):
 
 @needs_mpi
 def test_check_catches_a_corrupted_bucket(tmp_path):
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     out = tmp_path / "bad"
     p = run_cli("run", "-b", "overlap_corrupt", "--backend", "mpi", "--np", 2, "--sizes", "64K", "--check",
@@ -639,7 +639,7 @@ def test_c_reference_agrees(tmp_path):
     """1 MiB on 2 ranks, polls 0 and 8: commbench's OSU overlap within 35 points of the C
     loop's (both are medians of noisy 2-core runs; quiet-host figures: polls 0 0 % vs 1 %,
     polls 8 47 % vs 45 %)."""
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     ref = _c_reference(tmp_path)
     c = {p: ref(1 << 20, p) for p in (0, 8)}

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from commbench.store.importers import import_file, write_imported_run
-from commbench.store.results import RunDir, Status, load
+from commbench.store.results import RunDir, Status
+from commbench.store.load import load
 
 from conftest import run_cli
 

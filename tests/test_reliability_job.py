@@ -262,7 +262,7 @@ def test_a_disk_that_fills_mid_run_fails_the_run_cleanly_then_resume_finishes(sm
     _, err = p.communicate(timeout=120)
     took = time.monotonic() - t0
     _wait_job_gone(out, 5)
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     # Each point takes about 250 ms (the calibration target), so 12 are still to come when the
     # disk fills after the second.

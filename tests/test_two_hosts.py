@@ -284,7 +284,7 @@ def test_fit_over_a_rate_limited_delayed_link_recovers_its_rate_and_delay(tmp_pa
     of their p50s must find twohosts.link_model: alpha = 4 one-way delays, bandwidth = the
     payload rate."""
     from commbench.analyse.analysis import fit_table
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     want = twohosts.link_model(RATE_MBIT, DELAY_MS)
     for attempt in range(1, FIT_ATTEMPTS + 1):

@@ -654,7 +654,7 @@ def link_check(args) -> int:
     """gloo's all_reduce between the two hosts over a link of known rate and delay, and the
     alpha-beta fit of it next to what the link implies (link_model)."""
     from commbench.analyse.analysis import fit_table
-    from commbench.store.results import load
+    from commbench.store.load import load
 
     with TwoHosts(rate_mbit=args.rate_mbit, delay_ms=args.delay_ms) as th:
         tmp = Path(tempfile.mkdtemp(prefix="twohosts-link-", dir=args.out))

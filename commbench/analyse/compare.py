@@ -25,7 +25,7 @@ import math
 from commbench.analyse.analysis import params_key
 from commbench.core.errors import UsageError
 from commbench.core.stats import t_quantile
-from commbench.store.results import load
+from commbench.store.load import load
 from commbench.core.schema import ROW_KEY
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one

@@ -19,7 +19,8 @@ from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency
 from commbench.core.errors import UsageError
 from commbench.report import plots
 from commbench.report.terminal import rejudge_rows, skipped_variants, variant_comparisons
-from commbench.store.results import load, load_meta
+from commbench.store.load import load
+from commbench.store.results import load_meta
 from commbench.analyse.ceilings import load_profile
 
 # Variables a launcher sets for every job: not a setting anybody chose.

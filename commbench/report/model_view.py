@@ -11,7 +11,8 @@ from commbench.core.errors import UsageError
 from commbench.core.units import parse_size
 from commbench.moe import accounting
 from commbench.report.terminal import make_console, stdout_is_tty
-from commbench.store.results import load, load_meta
+from commbench.store.load import load
+from commbench.store.results import load_meta
 from commbench.analyse.model_check import BOUND_RATIO, MEDIAN_BAND, check, default_table, load_table, summary, within
 from commbench.core.units import fmt_size
 

@@ -14,7 +14,8 @@ from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, add_column, has, nu
 from commbench.core.schema import per_params
 from commbench.analyse.analysis import largest_size
 from commbench.benchmarks.base import for_rows
-from commbench.store.results import load, load_meta
+from commbench.store.load import load
+from commbench.store.results import load_meta
 
 
 def stdout_is_tty() -> bool:

@@ -16,7 +16,7 @@ from commbench.run.variants import lookup
 from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.backends.torch_backend import symm_mem_support
 from commbench.report.terminal import variant_tables
-from commbench.store.results import load
+from commbench.store.load import load
 
 
 def mpi_flavor() -> str:
