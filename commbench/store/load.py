@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from commbench.core.errors import UsageError
-from commbench.core.schema import ROW_KEY, params_dict, time_cannot_be
+from commbench.core.schema import params_dict, time_cannot_be
 from commbench.store.results import read_rows_checked
 
 
