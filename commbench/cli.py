@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(m, many=True, default="gb300-nvl72,h100-hgx")
     m.add_argument("--worlds", type=_int_list, help="rank counts (default 8,16,...,1024)")
     m.add_argument("--sizes", help="message sizes for collectives (default 1M,64M,1G)")
-    m.add_argument("--algos", type=_csv, help="all_reduce: ring, recursive_doubling, rabenseifner, inswitch, hierarchical")
+    m.add_argument("--algos", type=_csv, help="all_reduce: ring, tree, recursive_doubling, rabenseifner, inswitch, hierarchical")
     m.add_argument("--rate", choices=("achieved", "line"), default="achieved",
                    help="build the fabric from the typical achieved rates (default) or the line rates (a lower bound)")
     m.add_argument("--calibrate", metavar="RUN_DIR",

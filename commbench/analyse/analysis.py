@@ -1,7 +1,7 @@
 """Analysis of measured rows: alpha-beta fits of size sweeps and weak-scaling efficiency.
 
 Rows are dicts or a pandas DataFrame with the columns results.py writes (run is
-optional). Times are the p50 (time_us_p50); formulas follow README "Formulas".
+optional). Times are the p50 (time_us_p50); formulas follow docs/ceilings.md#formulas.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _rel_sq_err(a: float, b: float, x: np.ndarray, t: np.ndarray) -> float:
 
 
 def fit_alpha_beta(nbytes, time_us, busbw_factor: float | None = None) -> dict | None:
-    """Fit t = alpha + S/B to a size sweep (README "Formulas" "Cost models").
+    """Fit t = alpha + S/B to a size sweep (docs/ceilings.md#alpha-beta-fit).
 
     S is the message size as the rows give it (nccl-tests S), so B is the algbw-like
     asymptote; busbw_asymptote_gbps = B * busbw_factor when the factor is given.
@@ -227,7 +227,7 @@ def fit_table(df, thin: list | None = None, refused: list | None = None):
 
 
 def scaling_table(df):
-    """Weak-scaling efficiency over world (README "Formulas" "Scaling efficiency").
+    """Weak-scaling efficiency over world (docs/ceilings.md#scaling-efficiency).
 
     Per (run, benchmark, backend, nbytes, dtype, variant, params, stage), each world's
     per-rank throughput against that at the smallest world measured:

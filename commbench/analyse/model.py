@@ -1,5 +1,5 @@
 """What-if cost model: alpha-beta times of collectives and MoE dispatch on a two-tier
-fabric (README "Formulas" "Cost models" and "MoE dispatch").
+fabric (docs/model.md; the flat formulas and MoE bytes in docs/ceilings.md#formulas).
 
 A fabric has a scale-up tier (NVLink-like, G ranks per domain) and an optional
 scale-out tier (NIC). Each tier is (alpha, B): alpha the per-step latency in us, B the
@@ -96,7 +96,7 @@ def all_reduce_detail(algo: str, p: int, nbytes: float, fabric: Fabric) -> dict:
       generic switch at the link rate: a + S(p+1)/(p B);
     - hierarchical: reduce-scatter in the domain, all_reduce of S/G across, all_gather,
       pipelined: 2(G-1) a_up + 2(N-1) a_nic + max(2(G-1)/G S/B_up, 2(N-1)/N S/R_net);
-    - recursive_doubling, rabenseifner: flat, at the slowest link (README "Formulas").
+    - recursive_doubling, rabenseifner: flat, at the slowest link (docs/ceilings.md#formulas).
 
     Returns time_us, latency_us, nvl_us, nic_us, bound (latency-, NVLink- or NIC-bound),
     nccl (NCCL's name for it, None for the MPI-style ones).
@@ -205,7 +205,7 @@ def reduce_scatter_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
 def all_to_all_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
     """Pairwise all_to_all, S = bytes a rank sends in total.
 
-    Inside one domain (p <= G): (p-1) a_nvl + S/B_nvl (README "Formulas"; S includes the
+    Inside one domain (p <= G): (p-1) a_nvl + S/B_nvl (docs/ceilings.md#formulas; S includes the
     rank's own chunk, so this is the same B a fit of t = (p-1) a + S/B measures).
     Above it: the p-G peers in other domains take (p-G)/p S over the NIC and the G-1
     in its own domain (G-1)/p S over scale-up, both at once:
@@ -242,7 +242,7 @@ def moe_nvl_efficiency(G: int, terms: Terms) -> float:
 def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, experts: int,
                 topk: int, p: int, G: int | None, M: int | None, fabric: Fabric,
                 stage: str = "dispatch", low_latency: bool = False) -> dict:
-    """Time of one MoE dispatch or combine, README "Formulas" "MoE dispatch":
+    """Time of one MoE dispatch or combine, docs/model.md#moe-dispatch-and-combine:
 
         t = max(V_nic / (e_nic B_nic), V_nvl / (e_nvl(G) B_nvl)) + alpha_nic [if V_nic > 0]
             + alpha_nvl [if V_nvl > 0] + F [low-latency kernels]
@@ -348,7 +348,7 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     - all_reduce: algos from ALL_REDUCE_ALGOS (default all of them).
     - all_gather / reduce_scatter (ring), all_to_all (pairwise): algos ignored.
     Collective rows: kind, algo, world, nbytes, time_us, algbw_gbps = S/t, busbw_gbps
-    (algbw times the benchmark's busbw factor; above the link rate for inswitch, see README "Formulas").
+    (algbw times the benchmark's busbw factor; above the link rate for inswitch, see docs/model.md).
 
     - moe: moe_shape (default moe_scenario_defaults()) over `cases`; rows: kind, case,
       world, dispatch_us, combine_us, nic_copies_per_token, nvl_copies_per_token,
@@ -395,7 +395,7 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     else:
         algos = ["pairwise" if kind == "all_to_all" else "ring"]
 
-    bench = registry()[kind]  # the busbw factor F(p) of README "Formulas" is the benchmark's
+    bench = registry()[kind]  # the busbw factor F(p) of docs/collectives.md#algbw-and-busbw is the benchmark's
     for p in worlds:
         for S in sizes_nbytes:
             for a in algos:

@@ -52,7 +52,7 @@ class Param:
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one operation moves: S as README "Formulas" defines it for this benchmark, and F."""
+    """What one operation moves: S as docs/collectives.md#algbw-and-busbw defines it for this benchmark, and F."""
 
     nbytes: int
     busbw_factor: float
@@ -147,7 +147,7 @@ class Benchmark:
         return None
 
     def busbw_factor(self, world: int) -> float:
-        """F of README "Formulas": busbw = algbw x F. The one place each benchmark's factor
+        """F of docs/collectives.md#algbw-and-busbw: busbw = algbw x F. The one place each benchmark's factor
         lives; importers and the what-if model ask the registry for it."""
         raise NotImplementedError
 
@@ -214,7 +214,7 @@ class Benchmark:
     # Each row times one operation moving S bytes, so busbw, the by-size table and figures,
     # alpha-beta fits, variant and in-switch comparisons and busbw scaling apply.
     collective_rows: bool = True
-    # S and F in words (README "Formulas"), shown under the generic table.
+    # S and F in words (docs/collectives.md#algbw-and-busbw), shown under the generic table.
     formula: str = ""
 
     def describe(self, params: dict) -> str:

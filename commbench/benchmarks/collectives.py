@@ -1,5 +1,5 @@
 """The standard collectives. Each declares S and its busbw factor F exactly as in
-README "Formulas" (nccl-tests doc/PERFORMANCE.md), and checks its result exactly."""
+docs/collectives.md#algbw-and-busbw (nccl-tests doc/PERFORMANCE.md), and checks its result exactly."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -26,7 +26,7 @@ ROW_SCHEMA: dict[str, str] = {
     "backend": "mpi, gloo, nccl, or the tool an imported row came from",
     "device": "cpu or cuda",
     "world": "ranks taking part",
-    "nbytes": "S, bytes as the benchmark defines it (README Formulas)",
+    "nbytes": "S, bytes as the benchmark defines it (docs/collectives.md#algbw-and-busbw)",
     "dtype": "element type",
     "variant": "algorithm variant (default: the library's own choice)",
     "placement": "in-place (the output buffer is the input) or out-of-place, as nccl-tests' two columns; "
@@ -47,7 +47,7 @@ ROW_SCHEMA: dict[str, str] = {
     "time_us_std": "standard deviation of the samples, us",
     "algbw_gbps": "S / p50, GB/s (1e9 B/s)",
     "busbw_gbps": "algbw x the benchmark's busbw factor, GB/s",
-    "busbw_factor": "F of README Formulas",
+    "busbw_factor": "F of docs/collectives.md#algbw-and-busbw",
     "check": "ok, fail or skipped",
 }
 ROW_FIELDS = tuple(ROW_SCHEMA)

@@ -1,5 +1,5 @@
-"""Bytes a MoE dispatch/combine moves, and the copies-per-token formulas of README "Formulas"
-("MoE dispatch: bytes per rank on the scale-up link vs the scale-out NIC").
+"""Bytes a MoE dispatch/combine moves, and the copies-per-token formulas of
+docs/ceilings.md#formulas (MoE dispatch bytes per rank on the scale-up link vs the NIC).
 
 Every byte figure the MoE benchmark reports comes from here.
 """
@@ -159,7 +159,8 @@ def _check_shape(case, E, K, P, G, M) -> int:
 
 def dispatch_copies_per_token(case: str, E: int, K: int, P: int, G: int,
                               M: int | None = None) -> tuple[float, float]:
-    """Expected copies of one token a rank sends (NIC, NVLink), README "Formulas" cases 1-3.
+    """Expected copies of one token a rank sends (NIC, NVLink), docs/ceilings.md#formulas:
+    flat, hierarchical, node-limited.
 
     - "flat": one copy per (token, expert), plain all_to_all:
       (K (P-G)/P, K (G-1)/P).

@@ -27,7 +27,7 @@ PACKAGE_SUITES = Path(__file__).resolve().parent.parent / "suites"
 # --- the config: each field declares its suite key, help and check --------------------
 #
 # A check takes (value, key, suite name) and returns the field's value or raises a one-line
-# UsageError; build_config, the unknown-key message and the README's table all come from the
+# UsageError; build_config, the unknown-key message and docs/collectives.md's suite-key table all come from the
 # fields, so a key is added in one place.
 
 def _fail(key, what, value):

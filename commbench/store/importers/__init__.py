@@ -6,7 +6,7 @@ columns across versions (nccl-tests -C cputime, -S timestamp, -I per-iteration c
 OSU -f, P50/P90/P99, Validation). Bad input raises UsageError with one line naming the
 file and line.
 
-How the tools' numbers map onto a row (README "Reports, compare, import"):
+How the tools' numbers map onto a row (docs/import.md):
 
 - time_us_p50 and time_us_mean are the tool's time, which is a MEAN over its iterations
   (nccl-tests: rank 0's loop average; OSU: the average over ranks of their means); the

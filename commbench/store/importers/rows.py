@@ -130,7 +130,7 @@ def name_from_filename(path) -> str | None:
 
 
 def busbw_factor(bench: str, world: int) -> float:
-    """The busbw factor F (README "algbw and busbw"): the benchmark's own for a collective
+    """The busbw factor F (docs/collectives.md#algbw-and-busbw): the benchmark's own for a collective
     commbench runs, nccl-tests' for one it does not; 1 where neither knows it."""
 
     if world < 1:
