@@ -82,7 +82,7 @@ ceilings: install
 # in equal parts per rack (128 = 2 x 64 of 72 GPUs; docs/model.md).
 model: install
 	$(PY) -m commbench model --kind moe --profile gb300-nvl72,h100-hgx $(ARGS)
-	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,inswitch,hierarchical $(ARGS)
+	$(PY) -m commbench model --kind all_reduce --profile gb300-nvl72,h100-hgx --sizes 1G --algos ring,tree,inswitch,hierarchical $(ARGS)
 
 # The what-if model against the published figures it ships with (commbench/data/published.toml;
 # docs/model.md): published, projected and their ratio per row; exits 1 if a held-out row misses.
