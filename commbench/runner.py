@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import backends, launch, suite as suite_mod
+from . import backends, launch, plant, suite as suite_mod
 from .benchmarks import get
 from .report import stdout_is_tty
 from .results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
@@ -111,6 +111,9 @@ class Harness:
         """One prepared operation, back to back or with a barrier after each (cfg.timing)."""
         graph = bool(self.cfg.cuda_graph)
         kw = {k: True for k, on in (("cuda_graph", graph), ("per_op_events", self.per_op_events)) if on}
+        planted = plant.planted_pct(point)
+        if planted is not None:  # the regression gate's test hook (plant.py)
+            op = plant.wrap(op, planted)
 
         def timer(n):
             return comm.time_ops(op, n, barrier_each=self.barrier_each, **kw), None
@@ -119,6 +122,8 @@ class Harness:
         # compiled loop are named here.
         if graph or "clock" not in frag:
             frag["clock"] = clock_name(graph, comm, op)
+        if planted is not None:
+            frag["planted_delay_pct"] = planted
         return frag
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
