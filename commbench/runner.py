@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import backends, launch, plant, suite as suite_mod
+from . import backends, hoststate, launch, plant, suite as suite_mod
 from .benchmarks import get
 from .report import stdout_is_tty
 from .results import SCHEMA_VERSION, RunDir, Status, base_meta, overall_status, point_key
@@ -66,6 +66,7 @@ class Harness:
         self.check = bool(cfg.check)
         self.barrier_each = cfg.timing == "barrier"
         self.per_op_events = bool(cfg.per_op_events)
+        self.ranks_per_core = 1.0  # of the communicator the points run on (sweep sets it per world)
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
@@ -169,7 +170,11 @@ class Harness:
             comm.sync()
             ok = bench.check(comm, bufs)
             check = "ok" if comm.min_over_ranks(np.array([1.0 if ok else 0.0]))[0] > 0 else "fail"
+        watch = hoststate.PointWatch()
+        watch.start()
         frags = bench.measure(self, comm, point, bufs)
+        host = watch.finish(comm, self.ranks_per_core)
+        why = host.pop("_disturbed_why")
         # Peak resident memory so far (the slowest-to-free rank's), to show buffers are
         # allocated once per point and nothing grows with the iterations.
         import resource
@@ -182,7 +187,9 @@ class Harness:
                 "benchmark": point.benchmark, "backend": comm.backend, "device": comm.device, "world": point.world,
                 "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name, "placement": placement,
                 "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
-        return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
+        return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss, **host,
+                 **({"warning": "; ".join(x for x in (frag.get("warning"), f"disturbed: {why}") if x)} if why else {})}
+                for frag in frags]
 
 
 class Progress:
@@ -314,6 +321,8 @@ class RunContext:
     prof_meta: dict
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
+    cores: list = field(default_factory=list)  # each world rank's cores (hoststate.cores)
+    host_start: dict = field(default_factory=dict)  # hoststate.snapshot() at the start (rank 0)
     lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
 
     @property
@@ -389,6 +398,11 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
     nodes = launch.node_ids(hosts, ranks_per_node)
+    cores = world.allgather_obj(hoststate.cores())
+    if world.rank == 0:  # said before anything is measured, not only in the report afterwards
+        over = hoststate.oversubscription_line(hoststate.ranks_per_core(hosts, cores), hosts, cores)
+        if over:
+            print(f"warning: {over}", file=sys.stderr, flush=True)
     # The probe's own work (memcpy for ~0.3 s, 2,100 exchanges) runs beyond --timeout on a
     # busy host; it is not what the watchdog is for.
     guard.arm("loopback probe", PROBE_BUDGET_S)
@@ -404,7 +418,8 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     else:
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta,
-                      RunDir(out_dir) if world.rank == 0 else None, lock=lock)
+                      RunDir(out_dir) if world.rank == 0 else None, lock=lock, cores=cores,
+                      host_start=hoststate.snapshot() if world.rank == 0 else {})
 
 
 def _lock_run_dir(world, out_dir):
@@ -454,6 +469,13 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                                         if ctx.backend_name in ("gloo", "nccl") and os.environ.get(k)},
                          "gpus": backend.gpu_names(), "points": len(points), "ceilings": ctx.prof_meta,
                          "profile_overrides": profile_overrides or {}})
+            rpc = hoststate.ranks_per_core(ctx.hosts, ctx.cores)
+            meta["host_state"] = {
+                "cores": {h: ctx.cores[ctx.hosts.index(h)] for h in rpc}, "ranks_per_core": rpc,
+                "oversubscribed": any(x > 1.0 for x in rpc.values()),
+                "start": {k: v for k, v in ctx.host_start.items() if k in ("load_avg", "at")},
+                "gpu": hoststate.gpu_state(backend.device),
+                "thresholds": {"wait_pct": hoststate.WAIT_PCT, "steal_pct": hoststate.STEAL_PCT}}
             meta["versions"].update(backend.versions())
             if ctx.backend_name == "mpi" and backend.device == "cpu":
                 from .backends import mpi_timeloop
@@ -492,6 +514,7 @@ def sweep(ctx: RunContext) -> list[dict]:
             ctx.guard.members = w
             ctx.guard.arm(f"creating the world-{w} communicator")
             comm = ctx.backend.split(w)
+            harness.ranks_per_core = max(hoststate.ranks_per_core(ctx.hosts[:w], ctx.cores[:w]).values())
             if comm is not None:
                 comm.in_place = ctx.cfg.in_place
                 comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
@@ -522,6 +545,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
     rd = ctx.run_dir
     if rd is not None:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
+            rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
+            rd.meta["host_state"]["disturbed_points"] = sum(1 for r in rows if r.get("disturbed"))
         rd.finish(overall_status(rd.meta["variants"]),
                   f"{len(failed)} point(s) failed the data check" if failed else None)
         from .report import analysis_tables, print_tables
