@@ -198,3 +198,29 @@ class PointWatch:
                 "host_iowait_pct": float(worst[2]), "host_load_per_core": float(worst[3]),
                 "ranks_per_core": float(rpc), "oversubscribed": bool(rpc > 1.0), "disturbed": bool(why),
                 "_disturbed_why": why}
+
+
+def host_line(meta: dict) -> str:
+    """The host's state over a run, in one line for the report's run line."""
+    hs = meta.get("host_state")
+    if not isinstance(hs, dict):
+        return "host state not recorded"
+    rpc = hs.get("ranks_per_core") or {}
+    cores_ = hs.get("cores") or {}
+    parts = [", ".join(f"{h}: {cores_.get(h, '?')} cores, {x:g} ranks/core" for h, x in rpc.items())]
+    if hs.get("oversubscribed"):
+        parts[0] += " (OVERSUBSCRIBED)"
+    run = hs.get("run") or {}
+    load = run.get("load_avg_start") or (hs.get("start") or {}).get("load_avg")
+    if load:
+        parts.append(f"load {load[0]:.1f} at start" + (f", {run['load_avg_end'][0]:.1f} at end"
+                                                        if run.get("load_avg_end") else ""))
+    for k, name in (("steal_pct", "steal"), ("iowait_pct", "iowait"), ("cpu_pressure_pct", "CPU pressure")):
+        v = run.get(k)
+        if isinstance(v, (int, float)) and v == v:
+            parts.append(f"{name} {v:.1f} %")
+    if "disturbed_points" in hs:
+        th = hs.get("thresholds") or {}
+        parts.append(f"{hs['disturbed_points']} point(s) disturbed (run-queue wait > {th.get('wait_pct', WAIT_PCT):g} % "
+                     f"or steal > {th.get('steal_pct', STEAL_PCT):g} %)")
+    return "host: " + "; ".join(p for p in parts if p)

@@ -100,3 +100,19 @@ def test_four_ranks_on_two_cores_say_so_at_start_and_on_every_row(tmp_path):
     assert w4 and all(r["oversubscribed"] and r["ranks_per_core"] == 2.0 for r in w4)
     assert all(not r["oversubscribed"] and r["ranks_per_core"] == 1.0 for r in rows if r["world"] == 2)
     assert json.loads((out / "meta.json").read_text())["host_state"]["oversubscribed"] is True
+
+
+def test_make_targets_default_to_one_rank_per_core():
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make not installed")
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    want = max(2, hoststate.cores())
+    for target in ("quick", "scaling", "moe"):
+        p = subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=root, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert f"--np {want} " in p.stdout + " ", (target, p.stdout)
+    p = subprocess.run(["make", "-n", "-o", ".venv/.installed", "quick", "NP=4"], cwd=root, capture_output=True,
+                       text=True)
+    assert "--np 4 " in p.stdout + " "
