@@ -24,11 +24,12 @@ import json
 import math
 
 from .analysis import params_key
+from .verdicts import untrusted_reason
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
 KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "placement", "params", "stage")
-VERDICTS = ("faster", "slower", "not significant")
+VERDICTS = ("faster", "slower", "not significant", "cannot judge")
 # z for a two-sided 95 % interval.
 Z95 = 1.959964
 # sqrt(pi/2): the median of n normal samples has standard error ~1.2533 sigma/sqrt(n).
@@ -302,6 +303,25 @@ def _center(values) -> float:
     return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
+def _key(r) -> tuple:
+    """A row's point, as KEYS."""
+    return (str(r.get("benchmark")), _blank(r.get("backend")), int(r.get("world")), int(r.get("nbytes") or 0),
+            _blank(r.get("dtype")), _blank(r.get("variant")) or "default", _blank(r.get("placement")),
+            params_key(r.get("params")), _blank(r.get("stage")))
+
+
+def _untrusted(df) -> dict:
+    """key -> why a run's row of that point cannot be evidence (verdicts.untrusted_reason)."""
+    out: dict = {}
+    if df is None or len(df) == 0:
+        return out
+    for r in df.to_dict("records"):
+        why = untrusted_reason(r)
+        if why:
+            out.setdefault(_key(r), f"run {_blank(r.get('run'))} {why}")
+    return out
+
+
 def _sides(df) -> dict:
     """key -> {run: (p50, ci_lo, ci_hi, basis, busbw)}: one entry per point and run. A point
     twice in one run (only when a frame is passed in directly: compare_paths refuses that)
@@ -310,9 +330,7 @@ def _sides(df) -> dict:
     if df is None or len(df) == 0:
         return out
     for r in df.to_dict("records"):
-        key = (str(r.get("benchmark")), _blank(r.get("backend")), int(r.get("world")), int(r.get("nbytes") or 0),
-               _blank(r.get("dtype")), _blank(r.get("variant")) or "default", _blank(r.get("placement")),
-               params_key(r.get("params")), _blank(r.get("stage")))
+        key = _key(r)
         lo, hi, basis = point_ci(r)
         out.setdefault(key, {}).setdefault(_blank(r.get("run")), []).append(
             (_num(r.get("time_us_p50")), lo, hi, basis, _num(r.get("busbw_gbps"))))
@@ -435,6 +453,13 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
                    busbw_change_pct=(nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan)
         out.append(row)
     _judge_between_runs(out, pending, thr)
+    # A change resting on a row that ran disturbed or oversubscribed is not called: the
+    # host, not the code, may have made it.
+    bad = {**_untrusted(new_df), **_untrusted(base_df)}
+    for row in out:
+        why = bad.get(tuple(row[k] for k in KEYS)) if not row["only_in"] else None
+        if why and row["verdict"] in ("slower", "faster"):
+            row.update(verdict="cannot judge", caveat=f"{row['verdict']}? {why}")
     res = pd.DataFrame(out, columns=COLUMNS)
     if len(res):
         res["_o"] = res["only_in"].map({"": 0, "base": 1, "new": 2})
@@ -465,7 +490,7 @@ def summary(df) -> dict:
     counts = {v: int((matched["verdict"] == v).sum()) for v in VERDICTS}
     counts["only in base"] = int((only["only_in"] == "base").sum())
     counts["only in new"] = int((only["only_in"] == "new").sum())
-    counts["one run per side"] = int((matched["caveat"].astype(str) != "").sum())
+    counts["one run per side"] = int((matched["caveat"].astype(str) == ONE_RUN_CAVEAT).sum())
     return counts
 
 
@@ -485,6 +510,8 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
     matched, _ = split_only(df)
     s = summary(df)
     counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
+    if s["cannot judge"]:
+        counts += f", {s['cannot judge']} cannot judge (a row disturbed or oversubscribed)"
     thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
     single = s["one run per side"]
     if not len(matched) or single == len(matched):
@@ -561,7 +588,8 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
 
     for r in shown.to_dict("records"):
         style = {"slower": "red", "faster": "green"}.get(r["verdict"])
-        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
+        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] == ONE_RUN_CAVEAT
+                                  else f" ({r['caveat']})" if r["caveat"] else "")
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
             [str(r["world"]), fmt_size(int(r["nbytes"]))] + \
             [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \

@@ -366,7 +366,7 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
             span = f"{min(xs):.2f}..{max(xs):.2f}x over {len(xs)} sizes"
             # A variant that sets nothing, or forces other collectives' algorithms only, runs the
             # library's default here: what it shows against the baseline is not its doing.
-            plain = [not _env(g, m) or changes_algorithm(_env(g, m), bench) is False for m in (n, base)]
+            plain = [m == "default" or changes_algorithm(_env(g, m), bench) is False for m in (n, base)]
             if plain[0] and (plain[1] or n != "default"):
                 judged = (f"{NO_CHANGE}: " + (f"neither changes {bench}'s algorithm here ({span}: noise)" if plain[1]
                                               else f"{n} leaves {bench} at the library's default ({span} is the "

@@ -312,3 +312,19 @@ def test_a_point_noisier_than_its_neighbours_is_judged_on_their_pooled_spread():
     # Benjamini-Hochberg: the textbook example (sorted p * m / rank, made monotone from the top).
     q = bh_adjust([0.01, 0.04, 0.03, 0.005, np.nan])
     assert q[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02]) and np.isnan(q[4])
+
+
+def test_a_change_on_a_disturbed_or_oversubscribed_row_cannot_be_judged():
+    base, new = _side([1.0, 1.01, 0.99], "a"), _side([2.0, 2.02, 1.98], "b")
+    new.loc[new.nbytes == SIZES[3], "disturbed"] = True
+    new.loc[new.nbytes == SIZES[3], "warning"] = "disturbed: a rank waited for a CPU 80 % of the point's time"
+    base.loc[base.nbytes == SIZES[5], "oversubscribed"] = True
+    base.loc[base.nbytes == SIZES[5], "ranks_per_core"] = 2.0
+    df = compare_runs(base, new)
+    by = dict(zip(df["nbytes"], df["verdict"]))
+    assert by[SIZES[3]] == "cannot judge" and by[SIZES[5]] == "cannot judge"
+    assert {v for k, v in by.items() if k not in (SIZES[3], SIZES[5])} == {"slower"}
+    cav = dict(zip(df["nbytes"], df["caveat"]))
+    assert "disturbed" in cav[SIZES[3]] and "oversubscribed (2 ranks per core)" in cav[SIZES[5]]
+    s = summary(df)
+    assert s["cannot judge"] == 2 and s["one run per side"] == 0
