@@ -100,6 +100,16 @@ def test_four_ranks_on_two_cores_say_so_at_start_and_on_every_row(tmp_path):
     assert w4 and all(r["oversubscribed"] and r["ranks_per_core"] == 2.0 for r in w4)
     assert all(not r["oversubscribed"] and r["ranks_per_core"] == 1.0 for r in rows if r["world"] == 2)
     assert json.loads((out / "meta.json").read_text())["host_state"]["oversubscribed"] is True
+    # The report: the run line says it, and no verdict rests on the 4-rank rows.
+    rep = run_cli("report", out, "--out", tmp_path / "rep", timeout=240)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "2 ranks/core (OVERSUBSCRIBED)" in md
+    summary = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    scaling = [ln for ln in summary.splitlines() if "weak scaling" in ln]
+    assert scaling and all("cannot judge: n=4 oversubscribed (2 ranks per core)" in ln for ln in scaling), scaling
+    latency = [ln for ln in summary.splitlines() if "small-message latency" in ln]
+    assert latency and all("oversubscribed" in ln for ln in latency), latency
 
 
 def test_make_targets_default_to_one_rank_per_core():
