@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--min-time-ms", type=float, help=_kh("min_time_ms"))
     r.add_argument("--min-iters", type=int, help=_kh("min_iters"))
     r.add_argument("--max-iters", type=int, help=_kh("max_iters"))
+    r.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="measure each point N times, interleaved (every point once, then again), so compare can "
+                        "judge on the spread between repeats (default 1)")
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=_kh("check"))
     r.add_argument("--timing", choices=TIMING_METHODS, help=_kh("timing"))
     r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=_kh("cuda_graph"))
@@ -243,7 +246,8 @@ def _resume(args, argv: list[str]) -> int:
         raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
                          f"resume one per launch with --variant NAME")
     return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
-                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
+                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default",
+                      repeat=int(meta.get("repeat") or 1))
 
 
 def cmd_run(args, argv: list[str]) -> int:
@@ -268,6 +272,8 @@ def cmd_run(args, argv: list[str]) -> int:
     if args.suite is None and not args.benchmarks:
         raise UsageError("run needs a suite (a name `commbench list` shows, or a .toml path), or -b BENCH[,BENCH...] "
                          "to run benchmarks without one")
+    if args.repeat is None or args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     raw = suite_mod.read_suite(args.suite)
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
@@ -365,7 +371,7 @@ def cmd_run(args, argv: list[str]) -> int:
     out = args.out or str(new_run_dir(cfg.name))
     name = vplan.names[0]
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
-                      variant=name, join=join or name != "default")
+                      variant=name, join=join or name != "default", repeat=args.repeat)
 
 
 def _strip_np(argv: list[str]) -> list[str]:

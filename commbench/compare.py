@@ -675,6 +675,9 @@ def _load_side(paths, name: str):
     clash = {x for x in names if names.count(x) > 1}
     for f, p, x in zip(frames, paths, names):
         f["run"] = str(p) if x in clash else x
+        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
+            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
+            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
     return pd.concat(frames, ignore_index=True)
 
 

@@ -67,6 +67,7 @@ class Harness:
         self.barrier_each = cfg.timing == "barrier"
         self.per_op_events = bool(cfg.per_op_events)
         self.ranks_per_core = 1.0  # of the communicator the points run on (sweep sets it per world)
+        self.repeat = 1  # which repeat of its point this is (cfg.repeat)
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
@@ -183,7 +184,8 @@ class Harness:
         placement = bench.placement(comm, point)
         base = {"schema": SCHEMA_VERSION,
                 "point_key": point_key(point.benchmark, point.world, point.nbytes, point.dtype, point.params,
-                                       self.variant.name, placement),
+                                       self.variant.name, placement) + repeat_suffix(self.repeat),
+                "repeat": self.repeat,
                 "benchmark": point.benchmark, "backend": comm.backend, "device": comm.device, "world": point.world,
                 "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name, "placement": placement,
                 "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
@@ -267,6 +269,11 @@ def _ttyname(f) -> str | None:
         return None
 
 
+def repeat_suffix(rep: int) -> str:
+    """The point key's mark of a repeat after the first (the first keeps the plain key)."""
+    return f"|repeat{rep}" if rep > 1 else ""
+
+
 def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
     """loopback for CPU ranks; on GPUs the built-in profile whose GPU the device names."""
     if device == "cpu":
@@ -327,6 +334,8 @@ class RunContext:
     prof_meta: dict
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
+    reps: list = field(default_factory=list)  # the repeat (1..repeat) of each todo entry
+    repeat: int = 1  # `run --repeat N`: each point N times, interleaved
     cores: list = field(default_factory=list)  # each world rank's cores (hoststate.cores)
     host_start: dict = field(default_factory=dict)  # hoststate.snapshot() at the start (rank 0)
     lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
@@ -338,11 +347,12 @@ class RunContext:
 
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
         ranks_per_node: int | None = None, profile_overrides: dict | None = None, resume: bool = False,
-        variant: str = "default", join: bool = False) -> int:
+        variant: str = "default", join: bool = False, repeat: int = 1) -> int:
     """Run a validated suite on this rank (inside a launch) for one variant; returns the
     exit status. resume: out_dir holds an unfinished run of this suite; its finished points
     are skipped. join: out_dir may hold this suite's run for other variants: add to it."""
     ctx = start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant, join or resume)
+    ctx.repeat = max(1, int(repeat))
     try:
         open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
     except Exception as e:  # a run directory that cannot be written (a full disk), say
@@ -473,7 +483,8 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                          "rendezvous": {k.lower(): os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT",
                                                                           "GLOO_SOCKET_IFNAME")
                                         if ctx.backend_name in ("gloo", "nccl") and os.environ.get(k)},
-                         "gpus": backend.gpu_names(), "points": len(points), "ceilings": ctx.prof_meta,
+                         "gpus": backend.gpu_names(), "points": len(points), "repeat": ctx.repeat,
+                         "ceilings": ctx.prof_meta,
                          "profile_overrides": profile_overrides or {}})
             rpc = hoststate.ranks_per_core(ctx.hosts, ctx.cores)
             meta["host_state"] = {
@@ -501,10 +512,15 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         for n in notes:
             print(f"note: {n}", flush=True)
     done = set(world.allgather_obj(sorted(done))[0])
-    ctx.todo = [p for p in points if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
-                                               get(p.benchmark).placement(world, p)) not in done]
+    # Repeats interleaved: every point once, then every point again, so a slow minute of the
+    # host lands on one repeat of many points rather than on every repeat of one point.
+    todo = [(p, rep) for rep in range(1, ctx.repeat + 1) for p in points
+            if point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
+                         get(p.benchmark).placement(world, p)) + repeat_suffix(rep) not in done]
+    ctx.todo, ctx.reps = [p for p, _ in todo], [rep for _, rep in todo]
     if ctx.is_root and resume:
-        print(f"resume: {len(points) - len(ctx.todo)} of {len(points)} points already in {ctx.run_dir.dir}, "
+        print(f"resume: {len(points) * ctx.repeat - len(ctx.todo)} of {len(points) * ctx.repeat} "
+              f"points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
 
 
@@ -524,7 +540,8 @@ def sweep(ctx: RunContext) -> list[dict]:
             if comm is not None:
                 comm.in_place = ctx.cfg.in_place
                 comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
-                for point in (p for p in ctx.todo if p.world == w):
+                for point, rep in ((p, r) for p, r in zip(ctx.todo, ctx.reps) if p.world == w):
+                    harness.repeat = rep
                     point_rows = harness.run_point(comm, point)
                     if ctx.is_root:
                         for r in point_rows:

@@ -126,3 +126,28 @@ def test_make_targets_default_to_one_rank_per_core():
     p = subprocess.run(["make", "-n", "-o", ".venv/.installed", "quick", "NP=4"], cwd=root, capture_output=True,
                        text=True)
     assert "--np 4 " in p.stdout + " "
+
+
+@needs_mpi
+def test_repeat_measures_each_point_n_times_interleaved_and_compare_judges_between_repeats(tmp_path):
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        p = run_cli("run", "quick", "--np", 2, "--worlds", 2, "-b", "all_reduce", "--sizes", "8,1K", "--iters", 20,
+                    "--repeat", 3, "--out", out, timeout=240)
+        assert p.returncode == 0, p.stderr[-2000:]
+        outs.append(out)
+    rows = [json.loads(x) for x in open(outs[0] / "rows.jsonl")]
+    # Every point once, then every point again: 8 1K 8 1K 8 1K.
+    assert [(r["nbytes"], r["repeat"]) for r in rows] == [(8, 1), (1024, 1), (8, 2), (1024, 2), (8, 3), (1024, 3)]
+    assert len({r["point_key"] for r in rows}) == 6
+    csv = tmp_path / "cmp.csv"
+    p = run_cli("compare", "--csv", csv, outs[0], outs[1], timeout=240)
+    assert p.returncode == 0, p.stderr
+    import pandas as pd
+
+    got = pd.read_csv(csv)
+    assert sorted(got["nbytes"]) == [8, 1024] and set(got["base_runs"]) == {3} and set(got["new_runs"]) == {3}
+    assert got["basis"].str.contains("3 vs 3 runs").all()
+    bad = run_cli("run", "quick", "--np", 2, "-b", "all_reduce", "--repeat", 0, "--out", tmp_path / "bad")
+    assert bad.returncode == 2 and "repeat" in bad.stderr and "Traceback" not in bad.stderr
