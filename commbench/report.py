@@ -7,7 +7,7 @@ import sys
 
 from .analysis import presenters
 from .hoststate import host_line
-from .verdicts import CANNOT_JUDGE, NO_CHANGE, changes_algorithm, clearly_faster, untrusted_reason
+from .verdicts import CANNOT_JUDGE, NO_CHANGE, changes_algorithm, faster_at_size, median_row, untrusted_reason
 from .units import fmt_size
 from .viewkit import ALWAYS, COMPACT, WIDE, add_column, has, num, params_order, print_table, table, text
 
@@ -342,7 +342,10 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
         rows = []
         for s_ in sorted(set(g["nbytes"])):
             cells = [fmt_size(int(s_))]
-            at = {r["variant"]: r for r in g[g["nbytes"] == s_].to_dict("records")}
+            reps: dict = {}
+            for r in g[g["nbytes"] == s_].to_dict("records"):
+                reps.setdefault(r["variant"], []).append(r)
+            at = {v: median_row(rs) for v, rs in reps.items()}  # repeats: the median one stands for them
             b = at.get(base)
             for n in here:
                 r = at.get(n)
@@ -376,17 +379,30 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                 continue
             # A size counts only where both rows may be evidence and the variant is clearly
             # faster within the run (verdicts.clearly_faster); the rest is noise-level.
-            wins = []
+            wins, split, losses = [], 0, 0
             for s_, x in speed[n]:
-                at = {r["variant"]: r for r in g[g["nbytes"] == s_].to_dict("records")}
-                if not untrusted_reason(at[n]) and not untrusted_reason(at[base]) and clearly_faster(at[base], at[n]):
+                here_rows = g[g["nbytes"] == s_]
+                got = faster_at_size(here_rows[here_rows["variant"] == base].to_dict("records"),
+                                     here_rows[here_rows["variant"] == n].to_dict("records"))
+                if got:
                     wins.append((s_, x))
-            bad = sum(1 for s_, _ in speed[n] for m in (n, base)
-                      if untrusted_reason(g[(g["nbytes"] == s_) & (g["variant"] == m)].iloc[0].to_dict()))
-            rest = (f"rests on one run of each, {len(xs)} sizes, the spread inside each run (p90 of the variant "
-                    f"below the baseline's p50); run-to-run noise not measured"
-                    + (f"; {bad} row(s) not usable (warning, disturbed or oversubscribed)" if bad else ""))
+                split += got is None
+                losses += got is False
+            both = g[g["variant"].isin([n, base]) & g["nbytes"].isin([s_ for s_, _ in speed[n]])]
+            bad = sum(1 for r in both.to_dict("records") if untrusted_reason(r))
+            nrep = int(both.groupby(["variant", "nbytes"]).size().min())
+            rest = ((f"rests on {nrep} interleaved repeats of each, {len(xs)} sizes: a size counts when every repeat "
+                     f"agrees; at {split} size(s) the spread between repeats was larger than the effect or a row "
+                     f"was unusable") if nrep > 1 else
+                    (f"rests on one run of each, {len(xs)} sizes, the spread inside each run (p90 of the variant "
+                     f"below the baseline's p50); run-to-run noise not measured"))
+            rest += f"; {bad} row(s) not usable (warning, disturbed or oversubscribed)" if bad else ""
             cross = crossover_nbytes([s_ for s_, _ in speed[n]], xs)
+            if not wins and losses == len(xs):
+                judged = f"not faster: slower at every size ({span}; {rest})"
+                verdicts.append((n, None, None, None, judged))
+                lines.append(head + judged)
+                continue
             if not wins:
                 judged = f"{CANNOT_JUDGE} a speedup: at no size clearly faster ({span}; {rest})"
                 verdicts.append((n, None, None, None, judged))

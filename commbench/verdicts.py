@@ -90,3 +90,32 @@ def clearly_faster(base_row, row) -> bool:
         return float(row["time_us_p90"]) < float(base_row["time_us_p50"])
     except (KeyError, TypeError, ValueError):
         return False
+
+
+def median_row(rows: list):
+    """Of one point's repeats, the row with the median p50 (the lower of the two middle ones)."""
+    rs = sorted(rows, key=lambda r: float(r["time_us_p50"]))
+    return rs[(len(rs) - 1) // 2]
+
+
+def faster_at_size(base_rows: list, var_rows: list) -> bool | None:
+    """Is the variant faster than the baseline at one size? Several repeats a side: the
+    repeats paired in order (repeat k of each ran at about the same time when interleaved),
+    True when every pair has the variant faster, False when every pair has it slower, None
+    when the pairs disagree: the spread between repeats is larger than the effect. One
+    run a side: clearly_faster. Rows that cannot be evidence are left out first."""
+    b = [r for r in base_rows if not untrusted_reason(r)]
+    v = [r for r in var_rows if not untrusted_reason(r)]
+    if not b or not v:
+        return None
+    if len(b) > 1 and len(v) > 1:
+        b = sorted(b, key=lambda r: int(r.get("repeat") or 1))
+        v = sorted(v, key=lambda r: int(r.get("repeat") or 1))
+        ratios = [float(x["time_us_p50"]) / float(y["time_us_p50"]) for x, y in zip(b, v)
+                  if float(y["time_us_p50"]) > 0]
+        if ratios and min(ratios) > 1.0:
+            return True
+        if ratios and max(ratios) < 1.0:
+            return False
+        return None
+    return clearly_faster(median_row(b), median_row(v))
