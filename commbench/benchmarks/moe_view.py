@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..verdicts import cannot_judge, excluded_note, trusted_mask
 from ..viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis,
                        judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
 
@@ -158,13 +159,18 @@ def findings(m, vary) -> list:
             bw = s_["remote_gbps"].astype(float) if "remote_gbps" in s_.columns else s_["busbw_gbps"].astype(float)
             if bw.notna().sum() == 0:
                 continue
-            best = s_.loc[bw.idxmax()]
-            pct = best.get("pct_of_ceiling")
             rng = f"{num(bw.min())} to {num(bw.max())} GB/s over {len(s_)} points" if len(s_) > 1 else \
                 f"{num(bw.max())} GB/s"
+            ok = trusted_mask(s_) & bw.notna()  # never a warned, disturbed or oversubscribed row as best
+            if not ok.any():
+                out.append(Finding(bench, f"{stage} ({who})", rng, cannot_judge(s_, "the rate")))
+                continue
+            best = s_.loc[bw[ok].idxmax()]
+            pct = best.get("pct_of_ceiling")
             where = shape(best["params"], terminal=False, vary=vary)
             out.append(Finding(bench, f"{stage} ({who})", f"{rng}; best {where}"
-                               + (f" = {fmt(pct, 1)}% of the line rate" if has(pct) else ""), judge_ceiling(pct)))
+                               + (f" = {fmt(pct, 1)}% of the line rate" if has(pct) else "") + excluded_note(s_, ok),
+                               judge_ceiling(pct)))
         if "load_max_over_mean" in g.columns and g["load_max_over_mean"].astype(float).notna().any():
             ld = g["load_max_over_mean"].astype(float)
             hot = g.loc[ld.idxmax()]
