@@ -115,7 +115,7 @@ class Harness:
         kw = {k: True for k, on in (("cuda_graph", graph), ("per_op_events", self.per_op_events)) if on}
         planted = plant.planted_pct(point)
         if planted is not None:  # the regression gate's test hook (plant.py)
-            op = plant.wrap(op, planted)
+            op = plant.wrap(op, planted, comm)
 
         def timer(n):
             return comm.time_ops(op, n, barrier_each=self.barrier_each, **kw), None
