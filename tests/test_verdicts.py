@@ -93,3 +93,58 @@ def test_overlap_best_is_never_a_warned_or_impossible_row():
     rows[2]["disturbed"] = True
     (f,) = findings(pd.DataFrame(rows))
     assert f.verdict.startswith("cannot judge the overlap") and "hidden behind" not in f.verdict
+
+
+def test_the_planted_slowdown_hook(monkeypatch):
+    """commbench/plant.py: only named points, a spin of the agreed median op time x pct."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from commbench import plant
+    from commbench.errors import UsageError
+
+    point = SimpleNamespace(benchmark="all_reduce", dtype="float32", nbytes=4096)
+    monkeypatch.delenv(plant.POINTS_ENV, raising=False)
+    assert plant.planted_pct(point) is None
+    monkeypatch.setenv(plant.POINTS_ENV, "all_reduce:float32:8,all_reduce:float32:4096")
+    monkeypatch.setenv(plant.PCT_ENV, "50")
+    assert plant.planted_pct(point) == 50.0
+    assert plant.planted_pct(SimpleNamespace(benchmark="all_reduce", dtype="float16", nbytes=4096)) is None
+    monkeypatch.setenv(plant.PCT_ENV, "-3")
+    with pytest.raises(UsageError):
+        plant.planted_pct(point)
+
+    def busy(s=2e-3):
+        end = time.perf_counter() + s
+        while time.perf_counter() < end:
+            pass
+
+    class Comm:
+        def barrier(self):
+            pass
+
+        def max_over_ranks(self, v):
+            return np.asarray(v) * 1.5  # a slower peer: its median decides
+
+        def time_ops(self, op, n):
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                op()
+                out.append(time.perf_counter() - t0)
+            return np.array(out)
+
+    class Measured(Comm):
+        def time_ops(self, op, n):  # the hook's own measurement of the op: 2 ms each
+            return np.full(n, 2e-3)
+
+    # The spin is the agreed median (the slower peer's 3 ms) x 50 %: 1.5 ms after each op.
+    # A busy host can only add to the time, so the bound below is exact and the one above loose.
+    slowed = plant.wrap(lambda: busy(1e-3), 50.0, Measured())
+    t = Comm().time_ops(slowed, 20)
+    assert np.min(t) >= 1e-3 + 1.5e-3 and np.median(t) < 1e-3 + 1.5e-3 + 0.02
+    plain = plant.wrap(lambda: busy(1e-3), 0.0, Measured())
+    assert not hasattr(plain, "compiled_loop") and 1e-3 <= np.min(Comm().time_ops(plain, 10)) < 2.5e-3
