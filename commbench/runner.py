@@ -570,7 +570,10 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
         if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
             rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
-            rd.meta["host_state"]["disturbed_points"] = sum(1 for r in rows if r.get("disturbed"))
+            # Each variant is a launch of its own into the run: count each one's, and their sum.
+            per = rd.meta["host_state"].setdefault("disturbed_by_variant", {})
+            per[ctx.variant.name] = sum(1 for r in rows if r.get("disturbed"))
+            rd.meta["host_state"]["disturbed_points"] = sum(per.values())
         rd.finish(overall_status(rd.meta["variants"]),
                   f"{len(failed)} point(s) failed the data check" if failed else None)
         from .report import analysis_tables, print_tables
