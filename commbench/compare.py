@@ -6,11 +6,15 @@ placement, a neighbour on the machine or the fabric), and one run's samples cann
 that: two runs of the same code can differ by several times at one small message while
 each run's own interval is a few per cent wide. So:
 
-* With two or more runs on a side, every point is judged on the spread BETWEEN runs
-  (between_runs): the per-run p50s of the point, on a log scale, in a Welch t-interval of
-  the difference of the two sides' means. A change counts only when
+* With two or more runs on a side, every point is judged on the spread BETWEEN runs: the
+  per-run p50s of the point, on a log scale, in a t-test of the difference of the two
+  sides' means, the run-to-run variance pooled with the neighbouring sizes
+  (_judge_between_runs; between_runs is the point-alone Welch interval). A change counts only when
   1. |ratio - 1| exceeds the threshold (default 5 %), the smallest change worth a line, and
-  2. the ~95 % interval of the ratio excludes 1.
+  2. it survives Benjamini-Hochberg at FDR_Q over all the points judged so, which holds the
+     chance that identical code is called changed anywhere in a sweep at FDR_Q.
+* A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
+  is "cannot judge", not "slower"/"faster".
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
   back to each run's own ~95 % interval of its p50 (point_ci) and the threshold, and every
   verdict and the summary say that it cannot separate noise from a change.
