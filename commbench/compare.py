@@ -28,6 +28,7 @@ import json
 import math
 
 from .analysis import params_key
+from .stats import bh_adjust, pooled_spread
 from .verdicts import untrusted_reason
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
@@ -237,8 +238,6 @@ def _judge_between_runs(out: list, pending: list, thr: float) -> None:
     Benjamini-Hochberg (stats.bh_adjust): a point is "slower"/"faster" when its q-value is at
     most FDR_Q AND the change passes the threshold. Judging each of 100 points at 5 % calls
     about 5 of them in a sweep of identical code; this calls any at most 5 % of the time."""
-    from .stats import bh_adjust, pooled_spread
-
     if not pending:
         return
     groups = [tuple(k for i, k in enumerate(key) if KEYS[i] != "nbytes") for _, key, _ in pending]

@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from .errors import UsageError
+
 POINTS_ENV = "COMMBENCH_PLANT_POINTS"
 PCT_ENV = "COMMBENCH_PLANT_DELAY_PCT"
 
@@ -33,8 +35,6 @@ def planted_pct(point) -> float | None:
     except ValueError:
         pct = -1.0
     if not pct >= 0:
-        from .errors import UsageError
-
         raise UsageError(f"{PCT_ENV} must be a number >= 0, got {os.environ.get(PCT_ENV)!r}")
     return pct
 

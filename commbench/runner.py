@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -304,8 +304,6 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
         prof = ceilings.loopback_profile(m["memcpy_in_cache_gbps"], m["memcpy_beyond_cache_gbps"],
                                          m["llc_nbytes"], m["latency_us"])
         if m.get("memcpy_beyond_cache_spread_pct") is not None:  # the caption's tier says how steady it was
-            from dataclasses import replace
-
             prof = replace(prof, scaleup_link=f"{prof.scaleup_link}, line rate the median of {probe.PROBES} probes "
                                               f"(spread {m['memcpy_in_cache_spread_pct']:.0f} % in cache, "
                                               f"{m['memcpy_beyond_cache_spread_pct']:.0f} % beyond)")
