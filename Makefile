@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 # jax: the jax backend (~620 MB of jaxlib), so `make test` covers it on a fresh clone.
 EXTRAS ?= mpi,mpi-wheel,plot,test,jax
-NP ?= 4
+# One rank per core (at least 2): more ranks than cores measures the scheduler; NP=4 asks for it.
+NP ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); [ $$n -ge 2 ] && echo $$n || echo 2)
 BACKEND ?=
 ARGS ?=
 # STYLE=nccl-tests or STYLE=osu: the tables in that tool's layout (run --style; nccl-tests

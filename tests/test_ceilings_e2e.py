@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import commbench
@@ -30,6 +31,14 @@ def test_loopback_probe_lands_in_meta(big_run):
     p = m["probe"]
     assert p["memcpy_in_cache_gbps"] > 0 and p["memcpy_beyond_cache_gbps"] > 0
     assert p["latency_us"] > 0 and p["llc_nbytes"] > 0
+    # A steady reference: the median of several probes, their spread recorded beside it.
+    from commbench.backends import probe
+
+    for where in ("in_cache", "beyond_cache"):
+        runs = p[f"memcpy_{where}_runs_gbps"]
+        assert len(runs) == probe.PROBES and p[f"memcpy_{where}_gbps"] == pytest.approx(float(np.median(runs)))
+        assert p[f"memcpy_{where}_spread_pct"] == pytest.approx((max(runs) - min(runs)) / np.median(runs) * 100)
+    assert f"median of {probe.PROBES} probes (spread" in m["fields"]["scaleup_link"]
 
 
 @needs_mpi

@@ -79,7 +79,8 @@ def test_a_real_twofold_change_is_found_through_the_drift(scale, verdict):
     assert df["ratio"].tolist() == pytest.approx([scale * 1.066] * len(SIZES), rel=1e-3)
     inside = (df["change_lo_pct"] < (df["ratio"] - 1) * 100) & ((df["ratio"] - 1) * 100 < df["change_hi_pct"])
     assert inside.all()
-    assert all(b == "between runs: Welch t on log p50, 3 vs 3 runs" for b in df["basis"])
+    assert all(b.startswith("between runs: t on log p50, 3 vs 3 runs, spread pooled over neighbouring sizes")
+               and "(BH)" in b for b in df["basis"])
 
 
 def test_between_run_interval_is_welch_on_log_p50():
@@ -125,7 +126,7 @@ def test_each_point_counts_its_own_runs_and_runs_that_agree_fall_back_to_the_thr
     new = new[~((new.run == "b3") & (new.nbytes == SIZES[-1]))]  # b3 stopped before its last size
     df = compare_runs(_side(BASE_DRIFT, "a"), new)
     last = df[df.nbytes == SIZES[-1]].iloc[0]
-    assert (last["base_runs"], last["new_runs"]) == (3, 2) and last["basis"].endswith("3 vs 2 runs")
+    assert (last["base_runs"], last["new_runs"]) == (3, 2) and "3 vs 2 runs," in last["basis"]
     assert set(df[df.nbytes != SIZES[-1]]["new_runs"]) == {3}
     # Every run of both sides alike: no spread to judge by, so the threshold alone decides.
     df = compare_runs(_side([1.0, 1.0], "a"), _side([1.04, 1.04], "b"))
@@ -245,3 +246,81 @@ def test_end_to_end_repeated_loopback_runs(tmp_path):
     got = pd.read_csv(csv)
     assert sorted(got["nbytes"]) == [8, 1024] and set(got["base_runs"]) == {2} and set(got["new_runs"]) == {1}
     assert got["change_lo_pct"].notna().all() and (got["caveat"].isna() | (got["caveat"] == "")).all()
+
+
+def _sweep(rng, pts, runs, sigma, scale):
+    """runs x pts lognormal run-to-run factors (sigma per point), times scale (an array)."""
+    return [list(np.exp(rng.normal(0, sigma, pts)) * scale) for _ in range(runs)]
+
+
+def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_side():
+    """Simulation of the regression gate: 100 points in 4 series (a benchmark's sizes),
+    run-to-run scatter lognormal 4 % (per point; a quiet loopback's middle sizes), 3 runs a
+    side. Identical code: a sweep calls anything at all in at most 5 % of the sweeps (plus
+    binomial slack over 200 sweeps). A 20 % slowdown planted on 10 points: at least 90 % of
+    the sweeps flag it somewhere (the gate fails), the planted points are found at >= 80 %,
+    and others are called at most ~1 per sweep. Judging each point on its own at 95 % (the
+    per-point rule compare used before) calls something in most identical sweeps."""
+    rng = np.random.default_rng(2026)
+    pts, sweeps = 100, 200
+    sizes = [8 << (i % 25) for i in range(pts)]
+    benches = [f"all_reduce{i // 25}" for i in range(pts)]
+    planted = np.zeros(pts, dtype=bool)
+    planted[[5, 9, 14, 20, 30, 41, 55, 63, 77, 90]] = True
+
+    def frame(factors, name):
+        rows = []
+        for i, f in enumerate(factors):
+            rows += [_row(s, _true_us(s) * x, f"{name}{i + 1}", bench=b) for s, x, b in zip(sizes, f, benches)]
+        return pd.DataFrame(rows)
+
+    any_same = found = other = gate = 0
+    per_point_any = 0
+    for _ in range(sweeps):
+        same = compare_runs(frame(_sweep(rng, pts, 3, 0.04, 1.0), "a"), frame(_sweep(rng, pts, 3, 0.04, 1.0), "b"))
+        any_same += (same["verdict"] != "not significant").any()
+        # The per-point rule: each point's own ~95 % interval excludes no change.
+        per_point_any += ((same["change_lo_pct"].abs() > 0) & (np.sign(same["change_lo_pct"])
+                                                                 == np.sign(same["change_hi_pct"]))).any()
+        slow = np.where(planted, 1.2, 1.0)
+        df = compare_runs(frame(_sweep(rng, pts, 3, 0.04, 1.0), "a"), frame(_sweep(rng, pts, 3, 0.04, slow), "p"))
+        key = df["benchmark"] + "/" + df["nbytes"].astype(str)
+        want = set(f"{b}/{s}" for b, s, p in zip(benches, sizes, planted) if p)
+        called = df["verdict"] == "slower"
+        found += int(called[key.isin(want)].sum())
+        other += int((df["verdict"] != "not significant")[~key.isin(want)].sum())
+        gate += bool(called.any())
+    assert any_same / sweeps <= 0.05 + 2.0 * math.sqrt(0.05 * 0.95 / sweeps)
+    assert gate / sweeps >= 0.9
+    assert found / (10 * sweeps) >= 0.8
+    assert other / sweeps <= 1.0
+    assert per_point_any / sweeps > 0.5
+
+
+def test_a_point_noisier_than_its_neighbours_is_judged_on_their_pooled_spread():
+    """pooled_spread: 5 neighbours' sums of squares over their degrees of freedom; the ends of
+    a series pool fewer; a series never borrows from another."""
+    from commbench.core.stats import bh_adjust, pooled_spread
+
+    var, df = pooled_spread(["a"] * 6 + ["b"], [1, 1, 1, 1, 1, 7, 2], [4] * 7, window=2)
+    assert df.tolist() == [12, 16, 20, 20, 16, 12, 4]
+    assert var[0] == pytest.approx(3 / 12) and var[5] == pytest.approx(9 / 12) and var[6] == pytest.approx(0.5)
+    # Benjamini-Hochberg: the textbook example (sorted p * m / rank, made monotone from the top).
+    q = bh_adjust([0.01, 0.04, 0.03, 0.005, np.nan])
+    assert q[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02]) and np.isnan(q[4])
+
+
+def test_a_change_on_a_disturbed_or_oversubscribed_row_cannot_be_judged():
+    base, new = _side([1.0, 1.01, 0.99], "a"), _side([2.0, 2.02, 1.98], "b")
+    new.loc[new.nbytes == SIZES[3], "disturbed"] = True
+    new.loc[new.nbytes == SIZES[3], "warning"] = "disturbed: a rank waited for a CPU 80 % of the point's time"
+    base.loc[base.nbytes == SIZES[5], "oversubscribed"] = True
+    base.loc[base.nbytes == SIZES[5], "ranks_per_core"] = 2.0
+    df = compare_runs(base, new)
+    by = dict(zip(df["nbytes"], df["verdict"]))
+    assert by[SIZES[3]] == "cannot judge" and by[SIZES[5]] == "cannot judge"
+    assert {v for k, v in by.items() if k not in (SIZES[3], SIZES[5])} == {"slower"}
+    cav = dict(zip(df["nbytes"], df["caveat"]))
+    assert "disturbed" in cav[SIZES[3]] and "oversubscribed (2 ranks per core)" in cav[SIZES[5]]
+    s = summary(df)
+    assert s["cannot judge"] == 2 and s["one run per side"] == 0

@@ -3,6 +3,7 @@ Open MPI variants on the loopback, each launched separately into one run."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -114,7 +115,10 @@ def test_variants_launch_separately_into_one_run(tmp_path):
     assert vs["han-ring"]["library"]["mismatch"] is True
     assert "asked for coll/han but the library used coll/tuned" in r.stdout
     # side-by-side report with speedups and crossover, from the run and from disk
-    assert "variants side by side (baseline ompi-ring)" in r.stdout and "vs ompi-ring: best" in r.stdout
+    # A speedup is claimed only on rows measured undisturbed and clearly apart; on a busy host
+    # the line says it cannot judge, and why.
+    assert "variants side by side (baseline ompi-ring)" in r.stdout
+    assert re.search(r"vs ompi-ring: (best [0-9.]+x|cannot judge a speedup)", r.stdout), r.stdout[-3000:]
     rep = run_cli("report", out)
     assert rep.returncode == 0 and "variants side by side" in rep.stdout and "nccl-nvls: skipped" in rep.stdout
 

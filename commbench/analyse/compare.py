@@ -6,11 +6,15 @@ placement, a neighbour on the machine or the fabric), and one run's samples cann
 that: two runs of the same code can differ by several times at one small message while
 each run's own interval is a few per cent wide. So:
 
-* With two or more runs on a side, every point is judged on the spread BETWEEN runs
-  (between_runs): the per-run p50s of the point, on a log scale, in a Welch t-interval of
-  the difference of the two sides' means. A change counts only when
+* With two or more runs on a side, every point is judged on the spread BETWEEN runs: the
+  per-run p50s of the point, on a log scale, in a t-test of the difference of the two
+  sides' means, the run-to-run variance pooled with the neighbouring sizes
+  (_judge_between_runs; between_runs is the point-alone Welch interval). A change counts only when
   1. |ratio - 1| exceeds the threshold (default 5 %), the smallest change worth a line, and
-  2. the ~95 % interval of the ratio excludes 1.
+  2. it survives Benjamini-Hochberg at FDR_Q over all the points judged so, which holds the
+     chance that identical code is called changed anywhere in a sweep at FDR_Q.
+* A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
+  is "cannot judge", not "slower"/"faster".
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
   back to each run's own ~95 % interval of its p50 (point_ci) and the threshold, and every
   verdict and the summary say that it cannot separate noise from a change.
@@ -24,14 +28,15 @@ import math
 
 from commbench.analyse.analysis import params_key
 from commbench.core.errors import UsageError
-from commbench.core.stats import t_quantile
+from commbench.analyse.verdicts import untrusted_reason
+from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
 from commbench.store.load import load
 from commbench.core.schema import ROW_KEY
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
 KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "placement", "params", "stage")
-VERDICTS = ("faster", "slower", "not significant")
+VERDICTS = ("faster", "slower", "not significant", "cannot judge")
 # z for a two-sided 95 % interval.
 Z95 = 1.959964
 # sqrt(pi/2): the median of n normal samples has standard error ~1.2533 sigma/sqrt(n).
@@ -153,6 +158,85 @@ def between_runs(base_p50s, new_p50s) -> dict | None:
     return {"ratio": math.exp(d), "lo": math.exp(d - h), "hi": math.exp(d + h), "df": df, "basis": basis}
 
 
+# False discoveries: the share of "slower"/"faster" calls over a sweep that are noise is held
+# at this level (Benjamini-Hochberg); with no change anywhere, the chance of any call at all.
+FDR_Q = 0.05
+# Neighbouring sizes (each side) whose run-to-run spread a point's judgement pools (stats.pooled_spread).
+POOL_WINDOW = 2
+
+
+def _log_sides(base_p50s, new_p50s):
+    """The two sides' log p50s, or None when a p50 is not a positive number or there are
+    fewer than 3 runs in all (no spread between runs to judge by)."""
+    lb = [math.log(x) for x in map(_num, base_p50s) if x > 0 and math.isfinite(x)]
+    ln = [math.log(x) for x in map(_num, new_p50s) if x > 0 and math.isfinite(x)]
+    if len(lb) != len(base_p50s) or len(ln) != len(new_p50s) or not lb or not ln or len(lb) + len(ln) < 3:
+        return None
+    return lb, ln
+
+
+def _judge_between_runs(out: list, pending: list, thr: float) -> None:
+    """Verdicts of the points with repeated runs, all together.
+
+    Each point: the difference of the sides' mean log p50 (the log of the ratio of their
+    geometric means), over the run-to-run variance pooled with its neighbouring sizes
+    (stats.pooled_spread) -- a t statistic with the pooled degrees of freedom, its two-sided
+    p-value and ~95 % interval. Then the p-values of all these points together through
+    Benjamini-Hochberg (stats.bh_adjust): a point is "slower"/"faster" when its q-value is at
+    most FDR_Q AND the change passes the threshold. Judging each of 100 points at 5 % calls
+    about 5 of them in a sweep of identical code; this calls any at most 5 % of the time."""
+    if not pending:
+        return
+    groups = [tuple(k for i, k in enumerate(key) if KEYS[i] != "nbytes") for _, key, _ in pending]
+    order = sorted(range(len(pending)), key=lambda j: (groups[j], pending[j][1][KEYS.index("nbytes")]))
+    ss, dof = [], []
+    for j in order:
+        lb, ln = pending[j][2]
+        s = 0.0
+        for v in (lb, ln):
+            mu = sum(v) / len(v)
+            s += sum((x - mu) ** 2 for x in v)
+        ss.append(s)
+        dof.append(len(lb) + len(ln) - 2)
+    var, df = pooled_spread([groups[j] for j in order], ss, dof, POOL_WINDOW)
+    stat = {}
+    for pos, j in enumerate(order):
+        lb, ln = pending[j][2]
+        d = sum(ln) / len(ln) - sum(lb) / len(lb)
+        if not (df[pos] > 0 and var[pos] > 0):
+            stat[j] = (d, math.nan, math.nan, 0.0)
+            continue
+        se = math.sqrt(var[pos] * (1.0 / len(lb) + 1.0 / len(ln)))
+        p = 2.0 * (1.0 - t_cdf(abs(d) / se, df[pos]))
+        stat[j] = (d, se, p, df[pos])
+    q = bh_adjust([stat[j][2] for j in range(len(pending))])
+    n_judged = int(sum(1 for j in stat if math.isfinite(stat[j][2])))
+    for j, (idx, _, (lb, ln)) in enumerate(pending):
+        d, se, p, dfj = stat[j]
+        row = out[idx]
+        ratio = math.exp(d)
+        verdict = "not significant"
+        if math.isfinite(p):
+            h = t_quantile(0.975, dfj) * se
+            row.update(change_lo_pct=(math.exp(d - h) - 1.0) * 100.0, change_hi_pct=(math.exp(d + h) - 1.0) * 100.0,
+                       p_value=p, q_value=float(q[j]))
+            if q[j] <= FDR_Q and ratio - 1.0 > thr:
+                verdict = "slower"
+            elif q[j] <= FDR_Q and 1.0 - ratio > thr:
+                verdict = "faster"
+            one = ", the base side's spread for both" if len(ln) == 1 else \
+                ", the new side's spread for both" if len(lb) == 1 else ""
+            basis = (f"between runs: t on log p50, {len(lb)} vs {len(ln)} runs{one}, spread pooled over neighbouring "
+                     f"sizes ({dfj:g} df); false discoveries held at {FDR_Q:.0%} over {n_judged} points (BH)")
+        else:
+            if ratio - 1.0 > thr:
+                verdict = "slower"
+            elif 1.0 - ratio > thr:
+                verdict = "faster"
+            basis = "threshold only (no spread between runs)"
+        row.update(ratio=ratio, change_pct=(ratio - 1.0) * 100.0, verdict=verdict, basis=basis)
+
+
 def _blank(v) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
@@ -169,6 +253,25 @@ def _center(values) -> float:
     return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
+def _key(r) -> tuple:
+    """A row's point, as KEYS."""
+    return (str(r.get("benchmark")), _blank(r.get("backend")), int(r.get("world")), int(r.get("nbytes") or 0),
+            _blank(r.get("dtype")), _blank(r.get("variant")) or "default", _blank(r.get("placement")),
+            params_key(r.get("params")), _blank(r.get("stage")))
+
+
+def _untrusted(df) -> dict:
+    """key -> why a run's row of that point cannot be evidence (verdicts.untrusted_reason)."""
+    out: dict = {}
+    if df is None or len(df) == 0:
+        return out
+    for r in df.to_dict("records"):
+        why = untrusted_reason(r)
+        if why:
+            out.setdefault(_key(r), f"run {_blank(r.get('run'))} {why}")
+    return out
+
+
 def _sides(df) -> dict:
     """key -> {run: (p50, ci_lo, ci_hi, basis, busbw)}: one entry per point and run. A point
     twice in one run (only when a frame is passed in directly: compare_paths refuses that)
@@ -177,9 +280,7 @@ def _sides(df) -> dict:
     if df is None or len(df) == 0:
         return out
     for r in df.to_dict("records"):
-        key = (str(r.get("benchmark")), _blank(r.get("backend")), int(r.get("world")), int(r.get("nbytes") or 0),
-               _blank(r.get("dtype")), _blank(r.get("variant")) or "default", _blank(r.get("placement")),
-               params_key(r.get("params")), _blank(r.get("stage")))
+        key = _key(r)
         lo, hi, basis = point_ci(r)
         out.setdefault(key, {}).setdefault(_blank(r.get("run")), []).append(
             (_num(r.get("time_us_p50")), lo, hi, basis, _num(r.get("busbw_gbps"))))
@@ -200,7 +301,7 @@ COLUMNS = list(KEYS) + [
     "base_run", "new_run", "base_runs", "new_runs", "base_p50_us", "new_p50_us", "base_run_p50s_us",
     "new_run_p50s_us", "ratio", "change_pct", "change_lo_pct", "change_hi_pct", "base_ci_lo", "base_ci_hi",
     "new_ci_lo", "new_ci_hi", "base_busbw_gbps", "new_busbw_gbps", "busbw_change_pct", "verdict", "basis",
-    "caveat", "only_in",
+    "caveat", "only_in", "p_value", "q_value",
 ]
 
 
@@ -257,11 +358,13 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
     out = []
+    pending: list = []  # (row index, key, (base logs, new logs)) of points with repeated runs
     for key in list(b) + [k for k in n if k not in b]:
         sb, sn = b.get(key), n.get(key)
         row = {**dict(zip(KEYS, key)), **_side_columns(sb, "base"), **_side_columns(sn, "new"),
                "ratio": math.nan, "change_pct": math.nan, "change_lo_pct": math.nan, "change_hi_pct": math.nan,
-               "busbw_change_pct": math.nan, "caveat": "", "only_in": "", "basis": ""}
+               "busbw_change_pct": math.nan, "caveat": "", "only_in": "", "basis": "",
+               "p_value": math.nan, "q_value": math.nan}
         if not sb or not sn:
             side = "base" if sb else "new"
             row.update(verdict=f"only in {side}", only_in=side)
@@ -284,19 +387,27 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
                 else "threshold only (no spread)"
             row["caveat"] = ONE_RUN_CAVEAT
         else:
-            br = between_runs([v[0] for v in sb.values()], [v[0] for v in sn.values()])
-            if br is not None:
-                ratio = br["ratio"]
-                row.update(change_lo_pct=(br["lo"] - 1.0) * 100.0, change_hi_pct=(br["hi"] - 1.0) * 100.0)
-            if math.isfinite(ratio):
-                if ratio - 1.0 > thr and (br is None or br["lo"] > 1.0):
+            logs = _log_sides([v[0] for v in sb.values()], [v[0] for v in sn.values()])
+            if logs is not None:  # judged below, with its neighbours' spread and the other points' p-values
+                ratio = math.exp(sum(logs[1]) / len(logs[1]) - sum(logs[0]) / len(logs[0]))
+                pending.append((len(out), key, logs))
+            elif math.isfinite(ratio):
+                if ratio - 1.0 > thr:
                     verdict = "slower"
-                elif 1.0 - ratio > thr and (br is None or br["hi"] < 1.0):
+                elif 1.0 - ratio > thr:
                     verdict = "faster"
-            basis = br["basis"] if br is not None else "threshold only (no spread between runs)"
+            basis = "threshold only (no spread between runs)"
         row.update(ratio=ratio, change_pct=(ratio - 1.0) * 100.0, verdict=verdict, basis=basis,
                    busbw_change_pct=(nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan)
         out.append(row)
+    _judge_between_runs(out, pending, thr)
+    # A change resting on a row that ran disturbed or oversubscribed is not called: the
+    # host, not the code, may have made it.
+    bad = {**_untrusted(new_df), **_untrusted(base_df)}
+    for row in out:
+        why = bad.get(tuple(row[k] for k in KEYS)) if not row["only_in"] else None
+        if why and row["verdict"] in ("slower", "faster"):
+            row.update(verdict="cannot judge", caveat=f"{row['verdict']}? {why}")
     res = pd.DataFrame(out, columns=COLUMNS)
     if len(res):
         res["_o"] = res["only_in"].map({"": 0, "base": 1, "new": 2})
@@ -327,7 +438,7 @@ def summary(df) -> dict:
     counts = {v: int((matched["verdict"] == v).sum()) for v in VERDICTS}
     counts["only in base"] = int((only["only_in"] == "base").sum())
     counts["only in new"] = int((only["only_in"] == "new").sum())
-    counts["one run per side"] = int((matched["caveat"].astype(str) != "").sum())
+    counts["one run per side"] = int((matched["caveat"].astype(str) == ONE_RUN_CAVEAT).sum())
     return counts
 
 
@@ -366,6 +477,12 @@ def _load_side(paths, name: str):
     clash = {x for x in names if names.count(x) > 1}
     for f, p, x in zip(frames, paths, names):
         f["run"] = str(p) if x in clash else x
+        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
+            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
+            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
+        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
+            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
+            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
     return pd.concat(frames, ignore_index=True)
 
 

@@ -31,10 +31,16 @@ def llc_nbytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     return best[1] or FALLBACK_LLC_NBYTES
 
 
-def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = 3) -> float:
-    """One core's copy rate in bytes copied per second (GB/s), best of `repeats` timings of
-    back-to-back copies: the figure a single-copy transport is bounded by. (A STREAM copy
-    figure counts read + write, twice this.)"""
+# Probes of each memcpy rate: the ceiling is their median, and their spread is recorded. One
+# probe (or the best of a few) moved 3x between runs on a shared host, so "% of line rate"
+# did not compare between runs; a median of several moves far less, and the spread says how much.
+PROBES = 5
+
+
+def memcpy_samples_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = PROBES) -> list[float]:
+    """One core's copy rate in bytes copied per second (GB/s), `repeats` timings of
+    back-to-back copies each: the figure a single-copy transport is bounded by. (A STREAM
+    copy figure counts read + write, twice this.)"""
 
     n = max(int(nbytes), 4096)
     src, dst = aligned_empty(n, np.uint8), aligned_empty(n, np.uint8)
@@ -45,13 +51,24 @@ def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = 3) -> floa
     np.copyto(dst, src)
     per = max(time.perf_counter() - per, 1e-7)
     reps = max(1, int(min_time_s / per))
-    best = 0.0
+    out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(reps):
             np.copyto(dst, src)
-        best = max(best, n * reps / (time.perf_counter() - t0) / 1e9)
-    return best
+        out.append(n * reps / (time.perf_counter() - t0) / 1e9)
+    return out
+
+
+def memcpy_gbps(nbytes: int, min_time_s: float = 0.05, repeats: int = PROBES) -> float:
+    """The median of memcpy_samples_gbps."""
+    return float(np.median(memcpy_samples_gbps(nbytes, min_time_s, repeats)))
+
+
+def spread_pct(samples) -> float:
+    """(max - min) / median of a probe's samples, per cent."""
+    v = np.asarray(samples, dtype=float)
+    return float((v.max() - v.min()) / np.median(v) * 100.0) if v.size and np.median(v) > 0 else float("nan")
 
 
 def latency_us(comm, iters: int = 2000) -> float | None:
@@ -81,8 +98,12 @@ def loopback_probe(comm) -> dict:
     if comm.rank == 0:
         res["memcpy_in_cache_nbytes"] = llc // 4
         res["memcpy_beyond_cache_nbytes"] = max(4 * llc, 64 << 20)
-        res["memcpy_in_cache_gbps"] = memcpy_gbps(res["memcpy_in_cache_nbytes"])
-        res["memcpy_beyond_cache_gbps"] = memcpy_gbps(res["memcpy_beyond_cache_nbytes"])
+        for where in ("in_cache", "beyond_cache"):
+            runs = memcpy_samples_gbps(res[f"memcpy_{where}_nbytes"])
+            res[f"memcpy_{where}_gbps"] = float(np.median(runs))
+            res[f"memcpy_{where}_runs_gbps"] = runs
+            res[f"memcpy_{where}_spread_pct"] = spread_pct(runs)
+        res["memcpy_basis"] = f"median of {PROBES} probes; spread = (max - min) / median"
     comm.idle_barrier()
     lat = latency_us(comm)
     res["latency_us"] = lat

@@ -163,3 +163,11 @@ def per_params(fn):
             seen[key] = fn(params)
         return seen[key]
     return call
+
+
+def has(v) -> bool:
+    """Is there a value (not None, NaN or "")?"""
+    try:
+        return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
+    except TypeError:
+        return True

@@ -96,3 +96,56 @@ def t_quantile(p: float, df: float) -> float:
         if hi - lo < 1e-12 * hi:
             break
     return (lo + hi) / 2.0
+
+
+# --- many points at once: noise pooled over neighbouring sizes, false discoveries controlled ---
+
+def bh_adjust(pvalues) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values): a point is a discovery at level q when
+    its adjusted p-value is <= q. Controls the expected share of false calls among the calls
+    at q; when nothing changed at all (every null true) that is the chance of any false call,
+    so a sweep of identical code is called changed anywhere with probability <= q. NaN in,
+    NaN out (those points take no part)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    m = int(ok.sum())
+    if not m:
+        return out
+    v = p[ok]
+    order = np.argsort(v)
+    ranked = v[order] * m / np.arange(1, m + 1)
+    q = np.minimum.accumulate(ranked[::-1])[::-1]
+    adj = np.empty(m)
+    adj[order] = np.minimum(q, 1.0)
+    out[ok] = adj
+    return out
+
+
+def pooled_spread(groups, ss, dof, window: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Each point's run-to-run variance pooled with its neighbours: (variance, degrees of freedom).
+
+    groups[i] names the series a point belongs to (one benchmark, dtype, variant ... over its
+    sizes), listed in size order; ss[i] is the point's within-side sum of squared deviations
+    of log p50 over its runs, dof[i] its degrees of freedom (runs - 2 over both sides). A
+    point's variance is sum(ss) / sum(dof) over the points of its series at most `window`
+    places away. Why: with 3 runs a side a point's own variance has 4 degrees of freedom and
+    comes out small by chance often enough to call noise a change; neighbouring sizes run
+    the same protocol on the same machine in the same runs and scatter alike, so pooling
+    5 of them gives ~20 degrees of freedom. A point with no spread in its window gets
+    (nan, 0)."""
+    ss = np.asarray(ss, dtype=np.float64)
+    dof = np.asarray(dof, dtype=np.float64)
+    var = np.full(len(ss), np.nan)
+    df = np.zeros(len(ss))
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    for idx in members.values():
+        for j, i in enumerate(idx):
+            near = idx[max(0, j - window): j + window + 1]
+            d = float(dof[near].sum())
+            s = float(ss[near].sum())
+            if d > 0 and s > 0:
+                var[i], df[i] = s / d, d
+    return var, df

@@ -8,7 +8,7 @@ import math
 
 from rich.markup import escape
 
-from commbench.analyse.compare import (ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, _refuse_duplicates, compare_runs,
+from commbench.analyse.compare import (FDR_Q, ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, _refuse_duplicates, compare_runs,
                                        nothing_in_common,
                                        exit_status, split_only, summary)
 from commbench.core.errors import UsageError
@@ -33,6 +33,8 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
     matched, _ = split_only(df)
     s = summary(df)
     counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
+    if s["cannot judge"]:
+        counts += f", {s['cannot judge']} cannot judge (a row disturbed or oversubscribed)"
     thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
     single = s["one run per side"]
     if not len(matched) or single == len(matched):
@@ -45,8 +47,10 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
     if single:
         title += f" ({single} point(s) had one run per side: cannot separate noise from change)"
     return (title, (f"{thr}p50 = geometric mean of the runs' p50s (lowest..highest run); change with its ~95 % "
-                    f"interval from a Welch t-test on the runs' log p50s; a change counts when it passes the "
-                    f"threshold and its interval excludes 0"))
+                    f"interval from a t-test on the runs' log p50s, the spread between runs pooled over "
+                    f"neighbouring sizes; a change counts when it passes the threshold and survives "
+                    f"Benjamini-Hochberg at {FDR_Q:.0%} over all points (q-value), so identical code is called "
+                    f"changed anywhere in a sweep at most {FDR_Q:.0%} of the time"))
 
 
 def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
@@ -103,7 +107,8 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     sizes = size_cells([r["nbytes"] for r in records])  # one format down the column
     for r, size in zip(records, sizes):
         style = {"slower": "red", "faster": "green"}.get(r["verdict"])
-        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] else "")
+        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] == ONE_RUN_CAVEAT
+                                  else f" ({r['caveat']})" if r["caveat"] else "")
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
             [str(r["world"]), size] + \
             [(_params_text(r[c]) if c == "params" else str(r[c])) for c in opt if cols_opt[c]] + \

@@ -15,13 +15,16 @@ from commbench.report import views as view_hooks
 from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, time_caption
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
-from .viewkit import Finding, Section, fmt, has, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text
+from commbench.report.viewkit import (Finding, Section, fmt, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text)
+from commbench.core.schema import has
 from commbench.core.errors import UsageError
 from commbench.report import plots
 from commbench.report.terminal import rejudge_rows, skipped_variants, variant_comparisons
 from commbench.store.load import load
 from commbench.store.results import load_meta
 from commbench.analyse.ceilings import load_profile
+from commbench.analyse.verdicts import CANNOT_JUDGE, cannot_judge, excluded_note, rests_on, trusted_mask, untrusted_reason
+from commbench.core.hoststate import host_line
 
 # Variables a launcher sets for every job: not a setting anybody chose.
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
@@ -108,6 +111,8 @@ def run_line(name: str, meta: dict) -> str:
              str(meta.get("status", "-"))]
     if meta.get("imported_from"):
         parts.insert(0, f"imported from {meta['imported_from']}")
+    if not meta.get("imported_from"):
+        parts.append(host_line(meta))
     if meta.get("command"):
         parts.append("command: " + command_line(meta["command"]))
     return f"{name}: " + "; ".join(parts)
@@ -198,28 +203,40 @@ def collective_findings(bench: str, g, multi_run: bool, floors: dict) -> list[Fi
     sized = g[g["nbytes"].astype(float) > 0]
     if len(sized) and "busbw_gbps" in sized.columns:
         bw = sized["busbw_gbps"].astype(float)
-        if bw.notna().any():
-            r = sized.loc[bw.idxmax()].to_dict()
+        ok = trusted_mask(sized) & bw.notna()
+        if bw.notna().any() and not ok.any():
+            out.append(Finding(bench, "peak busbw", f"{num(bw.max())} GB/s over {len(sized)} rows, not used",
+                               cannot_judge(sized, "the peak")))
+        elif ok.any():  # never a row that carries a warning, ran disturbed or oversubscribed
+            r = sized.loc[bw[ok].idxmax()].to_dict()
             pct = r.get("pct_of_ceiling")
             line = r.get("ceiling_gbps")
-            out.append(Finding(bench, "peak busbw", f"{num(bw.max())} GB/s at {_bytes(r['nbytes'])}, "
+            out.append(Finding(bench, "peak busbw", f"{num(bw[ok].max())} GB/s at {_bytes(r['nbytes'])}, "
                                f"{_where(r, multi_run, varies)}"
                                + (f" = {fmt(pct, 1)}% of the {num(line)} GB/s line rate" if has(pct) and has(line)
-                                  else ""), judge_ceiling(pct)))
+                                  else "") + excluded_note(sized, ok), judge_ceiling(pct)))
     lat = sized if len(sized) else g
     if len(lat):
         # Each world's smallest size (a blocked collective's smallest differs with n).
         n = lat["nbytes"].astype(float)
         small = lat[n == n.groupby([lat["run"], lat["world"]]).transform("min")]
-        by = small.sort_values(["run", "world"]).to_dict("records")
         what = "p50 at the smallest size" if len(sized) else "p50"
+        usable = trusted_mask(small)
+        name = "small-message latency" if len(sized) else "latency"
+        if not usable.any():
+            out.append(Finding(bench, name, f"{what}: {len(small)} rows, not used", cannot_judge(small, "the latency")))
+            return out
+        note = excluded_note(small, usable)
+        small = small[usable]
+        by = small.sort_values(["run", "world"]).to_dict("records")
         vals = ", ".join(f"{num(r['time_us_p50'])} us" + (f" at {_bytes(r['nbytes'])}" if len(sized) else "")
                          + f" ({_where(r, multi_run, varies)})" for r in by[:6]) + \
             (f" and {len(by) - 6} more" if len(by) > 6 else "")
         first = min(by, key=lambda r: int(r["world"]))
         floor = floors.get(first["run"])
-        out.append(Finding(bench, "small-message latency" if len(sized) else "latency", f"{what}: {vals}",
-                           judge_latency(float(first["time_us_p50"]), floor)))
+        out.append(Finding(bench, name, f"{what}: {vals}{note}",
+                           f"{judge_latency(float(first['time_us_p50']), floor)} ({rests_on(small)}; noise between "
+                           f"runs not measured)"))
     return out
 
 
@@ -279,29 +296,66 @@ def scaling_section(df, figures: dict) -> Section | None:
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
                    "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
-                   findings=scaling_findings(sc, views))
+                   findings=scaling_findings(sc, views, untrusted_points(df)))
 
 
-def scaling_findings(sc, views) -> list[Finding]:
+def untrusted_points(df) -> dict:
+    """(run, benchmark, world, nbytes) and (run, benchmark, world, None) -> why rows there
+    cannot be evidence (verdicts.untrusted_reason); nbytes None stands for any size."""
+    out: dict = {}
+    if df is None or not len(df):
+        return out
+    for r in df.to_dict("records"):
+        why = untrusted_reason(r)
+        if why:
+            run = text(r.get("run"))
+            out.setdefault((run, r["benchmark"], int(r["world"]), int(r.get("nbytes") or 0)), why)
+            out.setdefault((run, r["benchmark"], int(r["world"]), None), why)
+    return out
+
+
+def scaling_findings(sc, views, untrusted: dict | None = None) -> list[Finding]:
     """Per benchmark: the efficiency at its largest world, against its smallest, over the
-    groups at their largest size; the median judged, the worst named."""
+    groups at their largest size; the median judged, the worst named. A group whose rows at
+    either world cannot be evidence (oversubscribed, disturbed, warned: untrusted_points)
+    is left out, and said; "cannot judge" when none is left."""
     out = []
+    untrusted = untrusted or {}
     for bench, g in sc.groupby("benchmark", sort=True):
         g = g.assign(_run=g["run"].map(text) if "run" in g.columns else "")
         top = g[g["world"] == g.groupby("_run")["world"].transform("max")]
         top = top[top["world"] > top["base_world"]]
         if top.empty:
             continue
+        b = views[bench]
+
+        def why(r):
+            for w in (int(r["world"]), int(r["base_world"])):
+                k = (r["_run"], bench, w, int(r["nbytes"]) if b.sized else None)
+                if k in untrusted:
+                    return f"n={w} {untrusted[k]}"
+            return ""
+        reasons = top.apply(why, axis=1)
+        span = f"n={int(top['base_world'].min())} to n={int(top['world'].max())}"
+        metric = f"weak scaling ({METRIC_NAMES.get(top.iloc[0]['metric'], top.iloc[0]['metric'])})"
+        if (reasons != "").all():
+            eff = top["efficiency_pct"].astype(float)
+            out.append(Finding(bench, metric, f"median {eff.median():.0f}% over {len(top)} points ({span}), not used",
+                               f"{CANNOT_JUDGE}: {'; '.join(sorted(set(reasons)))}"))
+            continue
+        left = (f"; {int((reasons != '').sum())} of {len(top)} points left out ({'; '.join(sorted(set(reasons) - {''}))})"
+                if (reasons != "").any() else "")
+        top = top[reasons == ""]
         eff = top["efficiency_pct"].astype(float)
         worst = top.loc[eff.idxmin()]
-        b = views[bench]
         at = fmt_size(int(worst["nbytes"])) if b.sized else b.describe(params_dict(worst["params"]))
         stage = f" {worst['stage']}" if text(worst.get("stage")) else ""
         span = f"n={int(top['base_world'].min())} to n={int(top['world'].max())}"
         val = (f"{eff.iloc[0]:.0f}% ({span}, {at})" if len(top) == 1 else
                f"median {eff.median():.0f}% over {len(top)} points ({span}); worst {eff.min():.0f}% at {at}{stage}")
-        out.append(Finding(bench, f"weak scaling ({METRIC_NAMES.get(worst['metric'], worst['metric'])})", val,
-                           judge_efficiency(float(eff.median()))))
+        out.append(Finding(bench, metric, val + left,
+                           f"{judge_efficiency(float(eff.median()))} ({rests_on(top)}; noise between runs not "
+                           f"measured)"))
     return out
 
 
@@ -348,11 +402,10 @@ def variant_sections(df, skipped: dict) -> list[Section]:
              for n, why in skipped.items()]
     out = []
     for c in comps:
-        for n, best, at, cross in c["verdicts"]:
+        for n, best, at, cross, judged in c["verdicts"]:
             found.append(Finding("variants", f"{n} vs {c['baseline']} ({c['benchmark']} n={c['world']})",
-                                 f"best {best:.2f}x at {fmt_size(at)}",
-                                 f"faster from {fmt_size(cross)} up" if cross is not None else
-                                 "never faster at the largest sizes: keep the baseline there"))
+                                 f"best {best:.2f}x at {fmt_size(at)}" if best is not None else "no speedup claimed",
+                                 judged))
         out.append(Section(c["title"], c["caption"], c["headers"], c["rows"], level=3, bullets=c["lines"]))
     head = Section("Variants", "each variant a launch of its own; x = the baseline's p50 / the variant's",
                    findings=found, bullets=[f"variant {n}: skipped: {why}" for n, why in skipped.items()])

@@ -9,9 +9,11 @@ import math
 from pathlib import Path
 
 
+from commbench.analyse.verdicts import cannot_judge, excluded_note, trusted_mask
 from commbench.benchmarks.base import for_rows
 from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)
-from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
+from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
+from commbench.core.schema import has
 
 
 # Sub-stages in the order a step runs them (every path's names: host, device, hierarchical,
@@ -218,10 +220,18 @@ def findings(m, vary) -> list:
         g = g[g["world"] == world]
         who = f"{run + ' ' if m['run'].nunique() > 1 else ''}n={world}"
         for stage in sorted(g["stage"].map(text).unique(), key=lambda s_: (s_ != "dispatch", s_)):
-            rs = ordered(g[g["stage"].map(text) == stage].to_dict("records"))
-            if not rs:
+            rows = g[g["stage"].map(text) == stage]
+            if not len(rows):
                 continue
-            out.append(Finding(bench, f"{stage} ({who})", _stage_value(rs, vary), judge_stages(rs)))
+            # Never a warned, disturbed or oversubscribed row as evidence (analyse/verdicts.py).
+            ok = trusted_mask(rows)
+            if not ok.any():
+                out.append(Finding(bench, f"{stage} ({who})", _stage_value(ordered(rows.to_dict("records")), vary),
+                                   cannot_judge(rows, "what decides")))
+                continue
+            rs = ordered(rows[ok].to_dict("records"))
+            out.append(Finding(bench, f"{stage} ({who})", _stage_value(rs, vary) + excluded_note(rows, ok),
+                               judge_stages(rs)))
         if "load_max_over_mean" in g.columns and g["load_max_over_mean"].astype(float).notna().any():
             ld = g["load_max_over_mean"].astype(float)
             hot = g.loc[ld.idxmax()]

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from commbench.core.units import fmt_size
-from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, has, labeler, legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
+from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, labeler, legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
+from commbench.core.schema import has
+from commbench.analyse.verdicts import cannot_judge, excluded_note, rests_on, trusted_mask
 
 
 def _us(v) -> str:
@@ -86,8 +88,10 @@ def judge_overlap(pct: float) -> str:
 
 
 def findings(o) -> list:
-    """Per run, world and mode: the best OSU overlap and its bucket size, and how many rows
-    carry a warning (their figures are not to be trusted as they stand)."""
+    """Per run, world and mode: the best OSU overlap among the rows a verdict may rest on
+    (verdicts.untrusted_reason: no warning, not disturbed, not oversubscribed; and not a row
+    whose overlapped run finished before its compute alone, which only noise can do), with
+    what it rests on; "cannot judge" when no row qualifies."""
     out = []
     if "overlap_osu_pct" not in o.columns:
         return out
@@ -98,15 +102,29 @@ def findings(o) -> list:
         pct = g["overlap_osu_pct"].astype(float)
         if pct.notna().sum() == 0:
             continue
-        best = g.loc[pct.idxmax()]
-        warned = int(g["warning"].map(has).sum()) if "warning" in g.columns else 0
+        ok = trusted_mask(g) & pct.notna()
+        if "t_overall_us" in g.columns and "t_compute_us" in g.columns:
+            impossible = g["t_overall_us"].astype(float) < g["t_compute_us"].astype(float)
+            ok &= ~impossible
+        else:
+            impossible = pct.isna() & False
         who = f"{run + ' ' if multi_run else ''}n={int(world)}{' ' + mode if mode else ''}"
+        note = excluded_note(g, ok)
+        if impossible.any():
+            note += f"; {int(impossible.sum())} row(s) finished before the compute alone (noise)"
+        if not ok.any():
+            out.append(Finding(text(g.iloc[0].get("benchmark")), f"OSU overlap ({who})",
+                               f"{fmt(pct.min(), 0)}..{fmt(pct.max(), 0)}% over {len(g)} sizes{note}",
+                               cannot_judge(g, "the overlap") + (" or finished before the compute alone"
+                                                                 if impossible.any() else "")))
+            continue
+        good = g[ok]
+        gp = pct[ok]
+        best = good.loc[gp.idxmax()]
         out.append(Finding(text(best.get("benchmark")), f"OSU overlap ({who})",
-                           f"best {fmt(pct.max(), 0)}% at {fmt_size(int(best['nbytes']))}; "
-                           f"{fmt(pct.min(), 0)}% at the worst of {len(g)} sizes"
-                           + (f"; {warned} row(s) carry a warning" if warned else ""),
-                           judge_overlap(float(pct.max())) + ("; see the warnings before trusting it" if warned
-                                                             else "")))
+                           f"best {fmt(gp.max(), 0)}% at {fmt_size(int(best['nbytes']))}; "
+                           f"{fmt(gp.min(), 0)}% at the worst of {len(good)} usable rows{note}",
+                           f"{judge_overlap(float(gp.max()))} ({rests_on(good)}; noise between runs not measured)"))
     return out
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from commbench.core.schema import params_dict
-from .viewkit import has, text
+from commbench.core.schema import has
+from commbench.report.viewkit import text
 
 STYLES = ("table", "nccl-tests", "osu")
 

@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commbench.core.schema import params_dict
+from commbench.core.schema import has, params_dict  # noqa: F401 (has: the views read it from here too)
 from commbench.core.units import fmt_size
 
 DPI = 110
@@ -27,14 +27,6 @@ def text(v) -> str:
     if type(v) is str:  # most cells: no conversion (a report may hold millions of them)
         return v
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
-
-
-def has(v) -> bool:
-    """Is there a value (not None, NaN or "")?"""
-    try:
-        return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
-    except TypeError:
-        return True
 
 
 def fmt(v, digits: int = 2) -> str:

@@ -151,4 +151,5 @@ def resume_run(args, argv: list[str], strip_np) -> int:
         raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
                          f"resume one per launch with --variant NAME")
     return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
-                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default")
+                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default",
+                      repeat=int(meta.get("repeat") or 1))

@@ -6,11 +6,13 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from commbench import backends
+from commbench.core import hoststate
+from commbench.run import plant
 from commbench.backends import rendezvous
 from commbench.run import launch, suite as suite_mod
 from commbench.benchmarks import get
@@ -56,6 +58,8 @@ class Harness:
         self.check = bool(cfg.check)
         self.barrier_each = cfg.timing == "barrier"
         self.per_op_events = bool(cfg.per_op_events)
+        self.ranks_per_core = 1.0  # of the communicator the points run on (sweep sets it per world)
+        self.repeat = 1  # which repeat of its point this is (cfg.repeat)
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
@@ -102,6 +106,9 @@ class Harness:
         """One prepared operation, back to back or with a barrier after each (cfg.timing)."""
         graph = bool(self.cfg.cuda_graph)
         kw = {k: True for k, on in (("cuda_graph", graph), ("per_op_events", self.per_op_events)) if on}
+        planted = plant.planted_pct(point)
+        if planted is not None:  # the regression gate's test hook (plant.py)
+            op = plant.wrap(op, planted, comm)
 
         def timer(n):
             return comm.time_ops(op, n, barrier_each=self.barrier_each, **kw), None
@@ -110,6 +117,8 @@ class Harness:
         # compiled loop are named here.
         if graph or "clock" not in frag:
             frag["clock"] = clock_name(graph, comm, op)
+        if planted is not None:
+            frag["planted_delay_pct"] = planted
         return frag
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
@@ -161,7 +170,11 @@ class Harness:
             comm.sync()
             ok = bench.check(comm, bufs)
             check = "ok" if comm.min_over_ranks(np.array([1.0 if ok else 0.0]))[0] > 0 else "fail"
+        watch = hoststate.PointWatch()
+        watch.start()
         frags = bench.measure(self, comm, point, bufs)
+        host = watch.finish(comm, self.ranks_per_core)
+        why = host.pop("_disturbed_why")
         # Peak resident memory so far (the slowest-to-free rank's), to show buffers are
         # allocated once per point and nothing grows with the iterations.
         import resource
@@ -170,11 +183,19 @@ class Harness:
         placement = bench.placement(comm, point)
         base = {"schema": SCHEMA_VERSION,
                 "point_key": point_key(point.benchmark, point.world, point.nbytes, point.dtype, point.params,
-                                       self.variant.name, placement),
+                                       self.variant.name, placement) + repeat_suffix(self.repeat),
+                "repeat": self.repeat,
                 "benchmark": point.benchmark, "backend": comm.backend, "device": comm.device, "world": point.world,
                 "nbytes": point.nbytes, "dtype": point.dtype, "variant": self.variant.name, "placement": placement,
                 "inswitch": self.variant.inswitch, "variant_env": self.variant.env, "params": point.params}
-        return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss} for frag in frags]
+        return [{**base, **frag, "check": frag.get("check", check), "rss_peak_mib": rss, **host,
+                 **({"warning": "; ".join(x for x in (frag.get("warning"), f"disturbed: {why}") if x)} if why else {})}
+                for frag in frags]
+
+
+def repeat_suffix(rep: int) -> str:
+    """The point key's mark of a repeat after the first (the first keeps the plain key)."""
+    return f"|repeat{rep}" if rep > 1 else ""
 
 
 def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str]):
@@ -193,6 +214,10 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
             m["latency_us"] = 0.0
         prof = ceilings.loopback_profile(m["memcpy_in_cache_gbps"], m["memcpy_beyond_cache_gbps"],
                                          m["llc_nbytes"], m["latency_us"])
+        if m.get("memcpy_beyond_cache_spread_pct") is not None:  # the caption's tier says how steady it was
+            prof = replace(prof, scaleup_link=f"{prof.scaleup_link}, line rate the median of {probe.PROBES} probes "
+                                              f"(spread {m['memcpy_in_cache_spread_pct']:.0f} % in cache, "
+                                              f"{m['memcpy_beyond_cache_spread_pct']:.0f} % beyond)")
     prof = ceilings.apply_overrides(prof, overrides or {})
     from dataclasses import asdict
 
@@ -218,6 +243,10 @@ class RunContext:
     prof_meta: dict
     run_dir: RunDir | None  # rank 0 only
     todo: list = field(default_factory=list)
+    reps: list = field(default_factory=list)  # the repeat (1..repeat) of each todo entry
+    repeat: int = 1  # `run --repeat N`: each point N times, interleaved
+    cores: list = field(default_factory=list)  # each world rank's cores (hoststate.cores)
+    host_start: dict = field(default_factory=dict)  # hoststate.snapshot() at the start (rank 0)
     lock: object = None  # rank 0 under an external launcher: the run directory's one-writer lock
     launch_id: str = ""  # this launch's; meta.json carries it beside every status rank 0 writes
 
@@ -228,11 +257,12 @@ class RunContext:
 
 def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_dir, argv: list[str],
         ranks_per_node: int | None = None, profile_overrides: dict | None = None, resume: bool = False,
-        variant: str = "default", join: bool = False) -> int:
+        variant: str = "default", join: bool = False, repeat: int = 1) -> int:
     """Run a validated suite on this rank (inside a launch) for one variant; returns the
     exit status. resume: out_dir holds an unfinished run of this suite; its finished points
     are skipped. join: out_dir may hold this suite's run for other variants: add to it."""
     ctx = start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides, variant, join or resume)
+    ctx.repeat = max(1, int(repeat))
     try:
         open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
     except Exception as e:  # a run directory that cannot be written (a full disk), say
@@ -299,6 +329,11 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
     nodes = launch.node_ids(hosts, ranks_per_node)
+    cores = world.allgather_obj(hoststate.cores())
+    if world.rank == 0:  # said before anything is measured, not only in the report afterwards
+        over = hoststate.oversubscription_line(hoststate.ranks_per_core(hosts, cores), hosts, cores)
+        if over:
+            print(f"warning: {over}", file=sys.stderr, flush=True)
     # The probe's own work (memcpy for ~0.3 s, 2,100 exchanges) runs beyond --timeout on a
     # busy host; it is not what the watchdog is for.
     guard.arm("loopback probe", PROBE_BUDGET_S)
@@ -315,7 +350,8 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     if rd is not None:
         rd.on_marked = launch.say_marked  # the launcher's drain bound starts when the run is marked
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta, rd,
-                      lock=lock, launch_id=token)
+                      lock=lock, launch_id=token, cores=cores,
+                      host_start=hoststate.snapshot() if world.rank == 0 else {})
 
 
 def _lock_run_dir(world, out_dir):
@@ -361,8 +397,16 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                          "rendezvous": {k.lower(): os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT",
                                                                           "GLOO_SOCKET_IFNAME")
                                         if ctx.backend_name in ("gloo", "nccl") and os.environ.get(k)},
-                         "gpus": backend.gpu_names(), "points": len(points), "ceilings": ctx.prof_meta,
+                         "gpus": backend.gpu_names(), "points": len(points), "repeat": ctx.repeat,
+                         "ceilings": ctx.prof_meta,
                          "profile_overrides": profile_overrides or {}})
+            rpc = hoststate.ranks_per_core(ctx.hosts, ctx.cores)
+            meta["host_state"] = {
+                "cores": {h: ctx.cores[ctx.hosts.index(h)] for h in rpc}, "ranks_per_core": rpc,
+                "oversubscribed": any(x > 1.0 for x in rpc.values()),
+                "start": {k: v for k, v in ctx.host_start.items() if k in ("load_avg", "at")},
+                "gpu": hoststate.gpu_state(backend.device),
+                "thresholds": {"wait_pct": hoststate.WAIT_PCT, "steal_pct": hoststate.STEAL_PCT}}
             meta["versions"].update(backend.versions())
             if ctx.backend_name == "mpi" and backend.device == "cpu":
                 mpi_timeloop.load(world.MPI)
@@ -382,18 +426,22 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         for n in notes:
             print(f"note: {n}", flush=True)
     done = set(world.allgather_obj(sorted(done))[0])
-    # A placement the backend cannot give (torch's all_reduce is in place only) makes both
+    # Repeats interleaved: every point once, then every point again, so a slow minute of the
+    # host lands on one repeat of many points rather than on every repeat of one point. A
+    # placement the backend cannot give (torch's all_reduce is in place only) makes both
     # placements one point: measured once.
-    ctx.todo, seen, n_done = [], set(done), 0
-    for p in points:
-        key = point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
-                        get(p.benchmark).placement(world, p))
-        n_done += key in done
-        if key not in seen:
-            seen.add(key)
-            ctx.todo.append(p)
+    ctx.todo, ctx.reps, seen, n_done = [], [], set(done), 0
+    for rep in range(1, ctx.repeat + 1):
+        for p in points:
+            key = point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
+                            get(p.benchmark).placement(world, p)) + repeat_suffix(rep)
+            n_done += key in done
+            if key not in seen:
+                seen.add(key)
+                ctx.todo.append(p)
+                ctx.reps.append(rep)
     if ctx.is_root and resume:
-        print(f"resume: {n_done} of {len(points)} points already in {ctx.run_dir.dir}, "
+        print(f"resume: {n_done} of {n_done + len(ctx.todo)} points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
 
 
@@ -409,10 +457,12 @@ def sweep(ctx: RunContext) -> list[dict]:
             ctx.guard.members = w
             ctx.guard.arm(f"creating the world-{w} communicator")
             comm = ctx.backend.split(w)
+            harness.ranks_per_core = max(hoststate.ranks_per_core(ctx.hosts[:w], ctx.cores[:w]).values())
             if comm is not None:
                 comm.in_place = ctx.cfg.in_place
                 comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
-                for point in (p for p in ctx.todo if p.world == w):
+                for point, rep in ((p, r) for p, r in zip(ctx.todo, ctx.reps) if p.world == w):
+                    harness.repeat = rep
                     point_rows = harness.run_point(comm, point)
                     if ctx.is_root:
                         for r in point_rows:
@@ -445,6 +495,12 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         why = (f"{len(failed)} point(s) failed the data check"
                + (f" ({earlier} of them in an earlier launch of this run)" if earlier else "")) if failed else None
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
+            rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
+            # Each variant is a launch of its own into the run: count each one's, and their sum.
+            per = rd.meta["host_state"].setdefault("disturbed_by_variant", {})
+            per[ctx.variant.name] = sum(1 for r in rows if r.get("disturbed"))
+            rd.meta["host_state"]["disturbed_points"] = sum(per.values())
         rd.finish(overall_status(rd.meta["variants"]), why)
 
         # The run is marked and its rows are whole: a rank that hangs from here on (in the

@@ -39,6 +39,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     if args.suite is None and not args.benchmarks:
         raise UsageError("run needs a suite (a name `commbench list` shows, or a .toml path), or -b BENCH[,BENCH...] "
                          "to run benchmarks without one")
+    if args.repeat is None or args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     raw = suite_mod.read_suite(args.suite)
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
@@ -130,7 +132,7 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     out = args.out or str(new_run_dir(cfg.name))
     name = vplan.names[0]
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
-                      variant=name, join=join or name != "default")
+                      variant=name, join=join or name != "default", repeat=args.repeat)
 
 
 def strip_np(argv: list[str]) -> list[str]:

@@ -1,0 +1,150 @@
+"""What summaries rest verdicts on: rows without warnings, disturbance or oversubscription;
+variants that leave a collective alone are 'no change expected'; repeats that disagree
+cannot be judged."""
+from __future__ import annotations
+
+import pandas as pd
+
+from commbench.report.terminal import variant_comparisons
+from commbench.run.variants import BUILTIN
+from commbench.analyse.verdicts import changes_algorithm, faster_at_size, untrusted_reason
+
+SIZES = [1024, 65536, 1 << 20]
+
+
+def _row(bench, variant, nbytes, p50, repeat=1, **kw):
+    return {"run": "r", "benchmark": bench, "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
+            "dtype": "float32", "placement": "out-of-place", "variant": variant, "params": {}, "stage": "",
+            "variant_env": BUILTIN[variant].env, "inswitch": False, "time_us_p50": p50, "time_us_p90": p50 * 1.02,
+            "algbw_gbps": nbytes / p50 / 1e3, "busbw_gbps": nbytes / p50 / 1e3, "repeat": repeat, **kw}
+
+
+def _lines(rows):
+    (c,) = [c for c in variant_comparisons(pd.DataFrame(rows), "ompi-ring")]
+    return {v[0]: v for v in c["verdicts"]}, c["lines"]
+
+
+def test_which_variant_changes_which_collective():
+    ring = BUILTIN["ompi-ring"].env
+    assert changes_algorithm(ring, "all_reduce") is True and changes_algorithm(ring, "reduce_scatter") is False
+    assert changes_algorithm(BUILTIN["ompi-rabenseifner"].env, "all_gather") is False
+    assert changes_algorithm(BUILTIN["nccl-ring"].env, "all_gather") is None  # NCCL_ALGO: measured, not assumed
+
+
+def test_a_variant_that_leaves_the_collective_alone_is_no_change_expected():
+    rows = [_row("reduce_scatter", v, s, 10.0 * k) for s in SIZES
+            for v, k in (("ompi-ring", 3.0), ("default", 1.0), ("ompi-recursive-doubling", 1.0))]
+    verdicts, lines = _lines(rows)
+    assert verdicts["default"][1] is None and "no change expected: neither changes reduce_scatter" in verdicts["default"][4]
+    # recursive doubling forces reduce_scatter_block's algorithm: judged, and 3x is clear here.
+    assert verdicts["ompi-recursive-doubling"][1] == 3.0
+    rows = [_row("all_gather", v, s, 10.0 * k) for s in SIZES for v, k in (("ompi-ring", 3.0), ("ompi-rabenseifner", 1.0))]
+    verdicts, _ = _lines(rows)
+    assert verdicts["ompi-rabenseifner"][1] is None
+    assert "ompi-rabenseifner leaves all_gather at the library's default" in verdicts["ompi-rabenseifner"][4]
+
+
+def test_warned_rows_are_never_the_best_and_repeats_that_disagree_cannot_judge():
+    # Fastest at 1M, but that row ran disturbed: the best is taken from the other sizes.
+    rows = [_row("all_reduce", "ompi-ring", s, 30.0) for s in SIZES]
+    rows += [_row("all_reduce", "ompi-recursive-doubling", s, p) for s, p in zip(SIZES, (20.0, 15.0, 3.0))]
+    rows[-1].update(disturbed=True, warning="disturbed: a rank waited for a CPU 50 % of the point's time")
+    verdicts, lines = _lines(rows)
+    assert verdicts["ompi-recursive-doubling"][1] == 2.0 and verdicts["ompi-recursive-doubling"][2] == 65536
+    assert "1 row(s) not usable" in verdicts["ompi-recursive-doubling"][4]
+    # Three repeats each: the variant is 1.5x faster in repeat 1 and 2, slower in repeat 3, at every size.
+    rows = []
+    for rep, k in ((1, 1.5), (2, 1.5), (3, 0.8)):
+        rows += [_row("all_reduce", "ompi-ring", s, 30.0, rep) for s in SIZES]
+        rows += [_row("all_reduce", "ompi-recursive-doubling", s, 30.0 / k, rep) for s in SIZES]
+    verdicts, _ = _lines(rows)
+    v = verdicts["ompi-recursive-doubling"]
+    assert v[1] is None and v[4].startswith("cannot judge a speedup") and "3 interleaved repeats" in v[4]
+    for r in rows:  # all three repeats agree: judged faster
+        if r["variant"] != "ompi-ring" and r["repeat"] == 3:
+            r["time_us_p50"] = 25.0
+    verdicts, _ = _lines(rows)
+    assert verdicts["ompi-recursive-doubling"][1] == 1.5
+
+
+def test_untrusted_reasons():
+    assert untrusted_reason({"oversubscribed": True, "ranks_per_core": 2.0}) == "oversubscribed (2 ranks per core)"
+    assert untrusted_reason({"disturbed": "True"}) == "disturbed while it ran"
+    assert untrusted_reason({"warning": "calibration missed"}) == "carries a warning"
+    assert untrusted_reason({"warning": float("nan"), "disturbed": False}) == ""
+    b = [_row("all_reduce", "ompi-ring", 8, 10.0, k) for k in (1, 2)]
+    assert faster_at_size(b, [_row("all_reduce", "default", 8, 5.0, k) for k in (1, 2)]) is True
+    assert faster_at_size(b, [_row("all_reduce", "default", 8, 20.0, k) for k in (1, 2)]) is False
+
+
+def test_overlap_best_is_never_a_warned_or_impossible_row():
+    from commbench.report.overlap_view import findings
+
+    def ov(nbytes, pct, t_overall, t_compute, **kw):
+        return {"run": "r", "benchmark": "overlap", "world": 2, "nbytes": nbytes, "mode": "single",
+                "overlap_osu_pct": pct, "t_overall_us": t_overall, "t_compute_us": t_compute, "warning": None, **kw}
+
+    rows = [ov(1 << 20, 100.0, 900.0, 1000.0),  # overall shorter than the compute alone: noise
+            ov(4 << 20, 95.0, 1100.0, 1000.0, oversubscribed=True, ranks_per_core=2.0),
+            ov(25 << 20, 40.0, 1500.0, 1000.0)]
+    (f,) = findings(pd.DataFrame(rows))
+    assert f.value.startswith("best 40% at 25M") and "1 row(s) finished before the compute alone" in f.value
+    assert "1 oversubscribed" in f.value and f.verdict.startswith("partly hidden") and "rests on 1 row(s)" in f.verdict
+    rows[2]["disturbed"] = True
+    (f,) = findings(pd.DataFrame(rows))
+    assert f.verdict.startswith("cannot judge the overlap") and "hidden behind" not in f.verdict
+
+
+def test_the_planted_slowdown_hook(monkeypatch):
+    """commbench/plant.py: only named points, a spin of the agreed median op time x pct."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from commbench.run import plant
+    from commbench.core.errors import UsageError
+
+    point = SimpleNamespace(benchmark="all_reduce", dtype="float32", nbytes=4096)
+    monkeypatch.delenv(plant.POINTS_ENV, raising=False)
+    assert plant.planted_pct(point) is None
+    monkeypatch.setenv(plant.POINTS_ENV, "all_reduce:float32:8,all_reduce:float32:4096")
+    monkeypatch.setenv(plant.PCT_ENV, "50")
+    assert plant.planted_pct(point) == 50.0
+    assert plant.planted_pct(SimpleNamespace(benchmark="all_reduce", dtype="float16", nbytes=4096)) is None
+    monkeypatch.setenv(plant.PCT_ENV, "-3")
+    with pytest.raises(UsageError):
+        plant.planted_pct(point)
+
+    def busy(s=2e-3):
+        end = time.perf_counter() + s
+        while time.perf_counter() < end:
+            pass
+
+    class Comm:
+        def barrier(self):
+            pass
+
+        def max_over_ranks(self, v):
+            return np.asarray(v) * 1.5  # a slower peer: its median decides
+
+        def time_ops(self, op, n):
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                op()
+                out.append(time.perf_counter() - t0)
+            return np.array(out)
+
+    class Measured(Comm):
+        def time_ops(self, op, n):  # the hook's own measurement of the op: 2 ms each
+            return np.full(n, 2e-3)
+
+    # The spin is the agreed median (the slower peer's 3 ms) x 50 %: 1.5 ms after each op.
+    # A busy host can only add to the time, so the bound below is exact and the one above loose.
+    slowed = plant.wrap(lambda: busy(1e-3), 50.0, Measured())
+    t = Comm().time_ops(slowed, 20)
+    assert np.min(t) >= 1e-3 + 1.5e-3 and np.median(t) < 1e-3 + 1.5e-3 + 0.02
+    plain = plant.wrap(lambda: busy(1e-3), 0.0, Measured())
+    assert not hasattr(plain, "compiled_loop") and 1e-3 <= np.min(Comm().time_ops(plain, 10)) < 2.5e-3

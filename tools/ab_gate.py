@@ -1,0 +1,118 @@
+"""The regression gate, checked: short all_reduce sweeps run A/B interleaved, then judged by
+`commbench compare A1 A2 A3 -- B1 B2 B3 --fail-on-regression`, many rounds over.
+
+Each round runs A1 B1 P1 A2 B2 P2 A3 B3 P3 (interleaved, so a neighbour that loads the
+machine for a minute lands on both sides), where A and B are the same code and P plants a
+slowdown (commbench/plant.py, a test hook) on PLANTED points. The A and B sides plant the
+same points at 0 %, so every side times them through the same loop and the delay is the only
+difference. Per round: the same-code compare's exit status (0 is right), the planted one's
+(1 is right), which points it flagged. One JSON line a round in OUT/rounds.jsonl, and the
+counts at the end:
+
+    .venv/bin/python tools/ab_gate.py --rounds 20 --out results/ab-gate
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# 99 points: 8 B..512 KiB in steps of 2 and 1.5 (33 sizes), three dtypes; ~5-10 s a run on 2 cores.
+SIZES = sorted({b << k for b in (8, 12) for k in range(16)} | {512 << 10})
+DTYPES = ("float32", "float16", "int32")
+# Ten named points, spread over the dtypes and the middle sizes.
+PLANTED = ("all_reduce:float32:4096", "all_reduce:float32:16384", "all_reduce:float32:65536",
+           "all_reduce:float32:262144", "all_reduce:float16:6144", "all_reduce:float16:24576",
+           "all_reduce:float16:98304", "all_reduce:int32:8192", "all_reduce:int32:32768",
+           "all_reduce:int32:131072")
+
+
+def run_side(out: Path, pct: float, np_: int, min_time_ms: float) -> float:
+    env = {**os.environ, "COMMBENCH_PLANT_POINTS": ",".join(PLANTED), "COMMBENCH_PLANT_DELAY_PCT": str(pct)}
+    cmd = [sys.executable, "-m", "commbench", "run", "quick", "-b", "all_reduce", "--backend", "mpi",
+           "--np", str(np_), "--worlds", str(np_), "--sizes", ",".join(map(str, SIZES)), "--dtypes", ",".join(DTYPES),
+           "--min-time-ms", str(min_time_ms), "--no-check", "--out", str(out),
+           # The gate compares times, not ceilings: a fixed profile skips the loopback probe,
+           # which on a loaded host takes longer than the sweep itself.
+           "--profile", "h100-hgx"]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"ab_gate: error: run {out} exited {p.returncode}: {p.stderr.strip()[-500:]}")
+    return time.monotonic() - t0
+
+
+def compare(base, new, csv_out: Path) -> tuple[int, list[str]]:
+    cmd = [sys.executable, "-m", "commbench", "compare", "--fail-on-regression", "--csv", str(csv_out),
+           *map(str, base), "--", *map(str, new)]
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"ab_gate: error: compare exited {p.returncode}: {p.stderr.strip()[-500:]}")
+    with open(csv_out) as f:
+        flagged = [f"{r['benchmark']}:{r['dtype']}:{r['nbytes']}" for r in csv.DictReader(f)
+                   if r["verdict"] in ("slower", "faster")]
+    return p.returncode, flagged
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3, help="runs a side")
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--pct", type=float, default=20.0, help="planted slowdown, per cent")
+    ap.add_argument("--min-time-ms", type=float, default=20.0)
+    ap.add_argument("--out", default="results/ab-gate")
+    ap.add_argument("--keep", action="store_true", help="keep the runs (default: only the compare CSVs)")
+    a = ap.parse_args(argv)
+    if a.rounds < 1 or a.repeats < 2 or a.np < 2 or not a.pct > 0:
+        print("ab_gate: error: need --rounds >= 1, --repeats >= 2, --np >= 2 and --pct > 0", file=sys.stderr)
+        return 2
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "rounds.jsonl"
+    planted = set(PLANTED)
+    for rnd in range(1, a.rounds + 1):
+        rd = out / f"round{rnd:02d}"
+        if rd.exists():
+            shutil.rmtree(rd)
+        sides = {"A": [], "B": [], "P": []}
+        secs = []
+        for i in range(1, a.repeats + 1):
+            for side, pct in (("A", 0.0), ("B", 0.0), ("P", a.pct)):
+                d = rd / f"{side}{i}"
+                secs.append(run_side(d, pct, a.np, a.min_time_ms))
+                sides[side].append(d)
+        same_rc, same_flagged = compare(sides["A"], sides["B"], rd / "same.csv")
+        plant_rc, plant_flagged = compare(sides["A"], sides["P"], rd / "planted.csv")
+        rec = {"round": rnd, "same_exit": same_rc, "same_flagged": same_flagged, "planted_exit": plant_rc,
+               "planted_found": sorted(planted & set(plant_flagged)),
+               "planted_others": sorted(set(plant_flagged) - planted), "run_s_max": round(max(secs), 1)}
+        with open(log, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"round {rnd}: same code exit {same_rc} ({len(same_flagged)} flagged); planted exit {plant_rc}, "
+              f"{len(rec['planted_found'])}/{len(planted)} planted found, {len(rec['planted_others'])} others; "
+              f"longest run {rec['run_s_max']} s", flush=True)
+        if not a.keep:
+            for d in sum(sides.values(), []):
+                shutil.rmtree(d, ignore_errors=True)
+    recs = [json.loads(x) for x in open(log)][-a.rounds:]
+    n = len(recs)
+    same0 = sum(r["same_exit"] == 0 for r in recs)
+    plant1 = sum(r["planted_exit"] == 1 for r in recs)
+    clean = sum(r["planted_exit"] == 1 and len(r["planted_others"]) <= 1 for r in recs)
+    found = sum(len(r["planted_found"]) for r in recs)
+    print(f"same code: compare exit 0 in {same0} of {n} rounds (want >= {n - n // 20})")
+    print(f"planted {a.pct:g} % on {len(planted)} points: exit 1 in {plant1} of {n} rounds (want >= {n - 2 * n // 20}),"
+          f" with at most 1 other point flagged in {clean}; planted points found {found} of {len(planted) * n}")
+    return 0 if same0 >= n - n // 20 and clean >= n - 2 * n // 20 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
