@@ -137,7 +137,7 @@ needs_torch = pytest.mark.skipif(__import__("importlib").util.find_spec("torch")
 
 def _harness(**over):
     from commbench.run import suite
-    from commbench.run.runner import Harness
+    from commbench.run.harness import Harness
 
     cfg = suite.build_config(suite.read_suite("quick"), {"iters": 4, "warmup": 1, **over})
     return Harness(cfg)

@@ -16,7 +16,8 @@ from conftest import run_cli
 pytest.importorskip("matplotlib")
 
 from commbench.report import plots  # noqa: E402
-from commbench.report.html import chosen_env, write_report  # noqa: E402
+from commbench.report.sections import chosen_env  # noqa: E402
+from commbench.report.html import write_report
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 PNG = b"\x89PNG\r\n\x1a\n"

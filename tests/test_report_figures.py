@@ -145,7 +145,7 @@ def test_one_token_count_says_why_there_is_no_moe_figure(tmp_path):
 
 
 def test_header_names_the_command_as_typed(tmp_path):
-    from commbench.report.html import command_line
+    from commbench.report.sections import command_line
 
     # A record that kept the interpreter's view of the command reads as the user typed it.
     assert command_line(["/x/commbench/__main__.py", "run", "quick", "--np", "4"]) == "commbench run quick --np 4"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from commbench.report.terminal import variant_comparisons
+from commbench.report.variants_view import variant_comparisons
 from commbench.run.variants import BUILTIN
 from commbench.analyse.verdicts import changes_algorithm, faster_at_size, untrusted_reason
 

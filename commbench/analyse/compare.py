@@ -30,8 +30,6 @@ from commbench.analyse.analysis import params_key
 from commbench.core.errors import UsageError
 from commbench.analyse.verdicts import untrusted_reason
 from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
-from commbench.store.load import load
-from commbench.core.schema import ROW_KEY
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one
 # rank an in-place all_reduce moves nothing), so only like is compared with like.
@@ -440,50 +438,6 @@ def summary(df) -> dict:
     counts["only in new"] = int((only["only_in"] == "new").sum())
     counts["one run per side"] = int((matched["caveat"].astype(str) == ONE_RUN_CAVEAT).sum())
     return counts
-
-
-def _refuse_duplicates(df) -> None:
-    """A point twice in one run (two writers, or a resume that raced a running run) has no
-    one time to compare: say which, rather than guess. Repeated runs on one side are fine."""
-
-    if df.empty or "point_key" not in df.columns:
-        return
-    dup = df[df.duplicated(["run", *ROW_KEY], keep=False)]
-    if len(dup):
-        r = dup.iloc[0]
-        raise UsageError(f"run {r['run']} holds point {r['point_key']} ({r['stage'] or 'one stage'}) more than once: "
-                         f"compare will not guess which to use")
-
-
-def _load_side(paths, name: str):
-    """The rows of one side's runs, each run named by its directory (by the path as given
-    when two directories of one side share a name, as a/quick and b/quick)."""
-    from pathlib import Path
-
-    import pandas as pd
-
-
-    if not paths:
-        raise UsageError(f"no run given for the {name} side")
-    seen = {}
-    for p in paths:
-        q = Path(p).resolve()
-        q = q.parent if q.name == "rows.jsonl" else q
-        if q in seen:
-            raise UsageError(f"{p}: given twice for the {name} side (the same run twice is not a repeat)")
-        seen[q] = p
-    frames = [load(p) for p in paths]
-    names = [str(f["run"].iloc[0]) if len(f) else Path(p).name for f, p in zip(frames, paths)]
-    clash = {x for x in names if names.count(x) > 1}
-    for f, p, x in zip(frames, paths, names):
-        f["run"] = str(p) if x in clash else x
-        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
-            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
-            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
-        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
-            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
-            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
-    return pd.concat(frames, ignore_index=True)
 
 
 def nothing_in_common(base_df, new_df) -> str:

@@ -8,9 +8,8 @@ import math
 
 from rich.markup import escape
 
-from commbench.analyse.compare import (FDR_Q, ONE_RUN_CAVEAT, REPEAT_HINT, _load_side, _refuse_duplicates, compare_runs,
-                                       nothing_in_common,
-                                       exit_status, split_only, summary)
+from commbench.analyse.compare import (FDR_Q, ONE_RUN_CAVEAT, REPEAT_HINT, compare_runs, nothing_in_common, exit_status, split_only, summary)
+from commbench.store.load import load_side, refuse_duplicates
 from commbench.core.errors import UsageError
 from commbench.core.units import fmt_size
 from commbench.report import terminal
@@ -163,9 +162,9 @@ def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: boo
     No point matched on both sides (a side without rows, mpi against gloo): UsageError."""
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
-    sides = [_load_side(base, "base"), _load_side(new, "new")]
+    sides = [load_side(base, "base"), load_side(new, "new")]
     for side in sides:
-        _refuse_duplicates(side)
+        refuse_duplicates(side)
     df = compare_runs(*sides, threshold_pct)
     matched, _ = split_only(df)
     if matched.empty:  # a gate that compared nothing must not pass

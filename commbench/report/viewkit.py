@@ -465,3 +465,12 @@ def labeler(d, keys):
                 parts.append(str(v))
         return " ".join(parts)
     return label
+
+
+def _has(v) -> bool:  # a number that is not None or NaN
+    return v is not None and v == v
+
+
+def fixed(v, digits: int) -> str:
+    """A number with `digits` decimals, or '-' where there is none."""
+    return f"{v:.{digits}f}" if _has(v) else "-"
