@@ -171,7 +171,8 @@ def test_mpi_across_two_hosts_sees_two_nodes_by_hostname(hosts, tmp_path, np_):
 @needs_torch
 def test_gloo_rendezvous_address_no_host_has_is_one_line_and_quick(hosts, tmp_path):
     """Under mpirun the ranks try the address before torch would wait 600 s for it: exit 2, one
-    line, naming the ranks that could not reach it."""
+    line per host (the ranks of a host agree through their daemon's pid), naming the ranks
+    that could not reach it."""
     argv = ["run", "quick", "--backend", "gloo", "-b", "all_reduce", "--sizes", "4K", "--timeout", "60",
             "--master-addr", NOBODY]
     t0 = time.monotonic()
@@ -179,7 +180,7 @@ def test_gloo_rendezvous_address_no_host_has_is_one_line_and_quick(hosts, tmp_pa
     took = time.monotonic() - t0
     errors = [x for x in p.stderr.splitlines() if "commbench: error" in x]
     assert p.returncode == 2, p.stderr[-2000:]
-    assert len(errors) == 1, p.stderr
+    assert 1 <= len(errors) <= len(hosts.hosts) and len(set(errors)) == 1, p.stderr
     assert NOBODY in errors[0] and f"rank 1 ({hosts.hosts[1].hostname})" in errors[0], errors[0]
     assert took < 60
 
