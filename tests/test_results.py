@@ -98,8 +98,8 @@ def test_the_launcher_settles_only_what_its_own_launch_left(tmp_path):
     earlier launch's `failed`, with that launch's reason, and stays so."""
     rd = RunDir(tmp_path / "run").open({"status": "failed", "reason": "rank 1 lost", "launch": "1-1"})
     rd.finish(Status.FAILED, "rank 1 lost")
-    RunDir(tmp_path / "run").settle(130, interrupted=True, marked=False)
+    RunDir(tmp_path / "run").settle(130, interrupted=True, ours=False)
     m = RunDir(tmp_path / "run").read_meta()
     assert (m["status"], m["reason"]) == ("failed", "rank 1 lost")
-    RunDir(tmp_path / "run").settle(130, interrupted=True, marked=True)
+    RunDir(tmp_path / "run").settle(130, interrupted=True, ours=True)
     assert RunDir(tmp_path / "run").read_meta()["status"] == "interrupted"

@@ -64,21 +64,23 @@ def new_launch_id() -> str:
     return f"{os.getpid()}-{time.time_ns()}"
 
 
-def marked_path(launch_id: str) -> Path:
-    """Where rank 0 of a launch tells its launcher that the run is marked: a file named by
-    the launch, so a status an earlier launch left in meta.json (the failed run a resume
-    continues, the variant launched before) never reads as this launch's."""
-    return Path(tempfile.gettempdir()) / f"commbench-marked-{launch_id}"
+def marked_path(launch_id: str, what: str = "marked") -> Path:
+    """Where rank 0 of a launch tells its launcher what it did to the run: "opened" (this
+    launch took the run over: any status meta.json holds from then on is this launch's) and
+    "marked" (the run's status is final). A file named by the launch, so a status an earlier
+    launch left in meta.json (the failed run a resume continues, the variant launched
+    before) never reads as this launch's."""
+    return Path(tempfile.gettempdir()) / f"commbench-{what}-{launch_id}"
 
 
-def say_marked() -> None:
-    """Rank 0: the run is marked (complete, failed, interrupted); the launcher that started
-    this launch now gives the ranks the run's timeout to exit. Nothing to do under a
-    launcher of another tool."""
+def say_marked(what: str = "marked") -> None:
+    """Rank 0: the run is opened by this launch, or marked (complete, failed, interrupted);
+    the launcher that started this launch gives the ranks the run's timeout to exit once
+    marked. Nothing to do under a launcher of another tool."""
     launch_id = os.environ.get(LAUNCH_ID_ENV, "")
     if launch_id and all(c.isalnum() or c == "-" for c in launch_id):
         try:
-            marked_path(launch_id).touch()
+            marked_path(launch_id, what).touch()
         except OSError:
             pass
 
@@ -258,11 +260,12 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
         for t in relays:  # the job's last lines; a rank's orphan holding the pipe is not waited for
             t.join(RELAY_DRAIN_S)
     interrupted = status == 130
-    marked = marked_path(launch_id)
+    opened = marked_path(launch_id, "opened")
     if out_dir:
         why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
-        RunDir(out_dir).settle(status, interrupted or bool(got), why, marked=marked.exists())
-    marked.unlink(missing_ok=True)
+        RunDir(out_dir).settle(status, interrupted or bool(got), why, ours=opened.exists())
+    for what in ("opened", "marked"):
+        marked_path(launch_id, what).unlink(missing_ok=True)
     return status
 
 

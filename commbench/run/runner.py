@@ -255,13 +255,15 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
             if ctx.backend_name == "mpi" and backend.device == "cpu":
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
-        # From here on the status in meta.json is this launch's (launch._marked reads it so).
+        # From here on the status in meta.json is this launch's: the launcher learns so from
+        # the launch itself (launch.say_marked("opened")), and meta.json records which launch.
         meta["launch"] = ctx.launch_id
         v = ctx.variant
         rd.meta = meta
         rd.variant(v.name).update(env=v.env, inswitch=v.inswitch, description=v.description,
                                   status=Status.RUNNING.value)
         rd.open()
+        launch.say_marked("opened")
 
         def on_fatal(status, reason, rd=rd, name=v.name):
             rd.variant(name)["status"] = str(status)

@@ -435,19 +435,19 @@ class RunDir:
         except (OSError, ValueError, UsageError):
             pass
 
-    def settle(self, exit_status: int, interrupted: bool, why: str | None = None, marked: bool | None = None) -> None:
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None, ours: bool | None = None) -> None:
         """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
         killed, or the job stopped by the launcher). why: the signal the launcher was
-        stopped by, which the ranks only saw passed on as SIGTERM. marked: whether rank 0 of the
-        launcher's own launch marked the run (None: not known); a `failed` another launch
-        wrote (a resume stopped before its rank 0 reopened the run) is that launch's account
-        and stays."""
+        stopped by, which the ranks only saw passed on as SIGTERM. ours: whether rank 0 of the
+        launcher's own launch had taken the run over (None: not known), so that the status
+        meta.json holds is this launch's; a `failed` another launch wrote (a resume stopped
+        before its rank 0 reopened the run) is that launch's account and stays."""
         try:
             self.read_meta()
         except (OSError, ValueError, UsageError):
             return
         status = self.meta.get("status")
-        ours = marked is None or marked
+        ours = ours is None or ours
         if interrupted and (status == Status.RUNNING or (status == Status.FAILED and ours)):
             reason = self.meta.get("reason")
             if why:
