@@ -133,7 +133,7 @@ test: install
 # The unit tests alone (no test that starts ranks): under 2 minutes on 2 cores.
 .PHONY: test-fast
 test-fast: install
-	$(PY) -m pytest -q -m "not multirank" $(ARGS)
+	$(PY) -m pytest -q -m "not multirank and not slow" $(ARGS)
 
 # Two hosts on this machine (network namespaces, root only; tools/twohosts.py): 2 and 4 ranks
 # across them on mpi and gloo, checks on, each run's hosts and nodes; then the alpha-beta fit

@@ -253,6 +253,7 @@ def _sweep(rng, pts, runs, sigma, scale):
     return [list(np.exp(rng.normal(0, sigma, pts)) * scale) for _ in range(runs)]
 
 
+@pytest.mark.slow  # a long simulation: about 2 minutes on 2 cores
 def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_side():
     """Simulation of the regression gate: 100 points in 4 series (a benchmark's sizes),
     run-to-run scatter lognormal 4 % (per point; a quiet loopback's middle sizes), 3 runs a
