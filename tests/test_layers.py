@@ -27,25 +27,25 @@ def test_no_layer_imports_one_above_it_and_imports_wait_only_beside_heavy_librar
     assert "0 climbing import(s); 0 in-package import(s) inside functions" in p.stdout, p.stdout
 
 
-def test_a_planted_climbing_import_is_found(tmp_path):
+def _planted(tmp_path, module: str, late_import: str) -> subprocess.CompletedProcess:
+    """tools/layers.py over a copy of the package with `late_import` added inside a
+    function of `module` (a path under the package)."""
     pkg = tmp_path / "commbench"
     shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    units = pkg / "core" / "units.py"
-    units.write_text(units.read_text() + "\n\ndef _late():\n    from commbench.run import launch  # climbs\n"
-                     "    return launch\n")
-    p = _layers(pkg)
+    f = pkg / module
+    f.write_text(f.read_text() + f"\n\ndef _late():\n    {late_import}\n    return None\n")
+    return _layers(pkg)
+
+
+def test_a_planted_climbing_import_is_found(tmp_path):
+    p = _planted(tmp_path, "core/units.py", "from commbench.run import launch  # climbs")
     assert p.returncode == 1, p.stdout
     assert re.search(r"climb: .*core/units\.py:\d+: commbench\.core\.units \(core\) imports commbench\.run\.launch "
                      r"\(run\)", p.stdout), p.stdout
 
 
 def test_a_planted_lazy_in_package_import_is_counted(tmp_path):
-    pkg = tmp_path / "commbench"
-    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    plan = pkg / "run" / "plan.py"
-    plan.write_text(plan.read_text() + "\n\ndef _late():\n    from commbench.core.units import fmt_size\n"
-                    "    return fmt_size\n")
-    p = _layers(pkg)
+    p = _planted(tmp_path, "run/plan.py", "from commbench.core.units import fmt_size")
     assert "lazy: " in p.stdout and "commbench.run.plan imports commbench.core.units.fmt_size" in p.stdout
 
 
