@@ -634,24 +634,41 @@ def _c_reference(tmp_path):
     return run
 
 
+def _median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
 @needs_mpi
 def test_c_reference_agrees(tmp_path):
-    """1 MiB on 2 ranks, polls 0 and 8: commbench's OSU overlap within 35 points of the C
-    loop's (both are medians of noisy 2-core runs; quiet-host figures: polls 0 0 % vs 1 %,
-    polls 8 47 % vs 45 %)."""
+    """1 MiB on 2 ranks, polls 0 and 8: commbench's OSU overlap agrees with the C loop's.
+
+    Both are medians of noisy 2-core runs, and on a busy host either one moves by tens of
+    points from run to run (a CI host gave the C loop 30 % at polls 0, where a quiet one
+    gives 1 %). So each side is measured three times (the C loop three launches, commbench
+    one launch with --repeat 3) and their medians must agree within 30 points plus what the
+    two sides' own repeats spread over: a formula or loop that is off shows on a quiet host,
+    and a noisy host widens the margin by what it visibly did. Quiet-host figures: polls 0
+    0 % vs 1 %, polls 8 47 % vs 45 %."""
     from commbench.store.load import load
 
     ref = _c_reference(tmp_path)
-    c = {p: ref(1 << 20, p) for p in (0, 8)}
+    c = {p: [ref(1 << 20, p) for _ in range(3)] for p in (0, 8)}
     out = tmp_path / "cb"
     p = run_cli("run", "-b", "overlap", "--backend", "mpi", "--np", 2, "--sizes", "1M", "--iters", 30,
-                "--param", "polls=0,8", "--out", out, timeout=120)
+                "--param", "polls=0,8", "--repeat", 3, "--out", out, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     df = load(out)
-    got = {int(r["polls"]): r for _, r in df.iterrows()}
     for polls in (0, 8):
-        assert got[polls]["overlap_osu_pct"] == pytest.approx(c[polls]["osu"], abs=35), (polls, c, got[polls])
+        rows = df[df["polls"].astype(int) == polls]
+        assert len(rows) == 3, rows
+        cb = [float(x) for x in rows["overlap_osu_pct"]]
+        ref_osu = [x["osu"] for x in c[polls]]
+        margin = 30 + (max(cb) - min(cb) + max(ref_osu) - min(ref_osu)) / 2
+        assert abs(_median(cb) - _median(ref_osu)) <= margin, (polls, cb, ref_osu, margin)
         # The same 1 MiB all_reduce timed by two loops: within 4x of each other. On a shared VM the
         # C loop's time and mpi4py's have been measured 3.4x apart at once (256 vs 854 us), with
         # the OSU % still agreeing: the overlap figure is what this test holds to.
-        assert got[polls]["t_comm_us"] == pytest.approx(c[polls]["t_pure"], rel=3.0), (polls, c, got[polls])
+        t_cb = _median([float(x) for x in rows["t_comm_us"]])
+        t_c = _median([x["t_pure"] for x in c[polls]])
+        assert t_cb == pytest.approx(t_c, rel=3.0), (polls, t_cb, t_c)
