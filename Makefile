@@ -127,6 +127,13 @@ FIDELITY_ARGS ?=
 bench-fidelity: install c-loop
 	$(VENV)/bin/mpirun $(MPIRUN_FLAGS) -np 2 $(PY) tools/bench_fidelity.py --lib build/libc_loop.so $(FIDELITY_ARGS)
 
+# The regression gate, checked (docs/verdicts.md): ROUNDS rounds of A B P runs, 3 a side, each
+# judged by compare --fail-on-regression; prints how often it was right. ~2 minutes a round.
+ROUNDS ?= 20
+.PHONY: ab-gate
+ab-gate: install
+	$(PY) tools/ab_gate.py --rounds $(ROUNDS) --out results/ab-gate $(ARGS)
+
 test: install
 	$(PY) -m pytest -q $(ARGS)
 

@@ -299,13 +299,17 @@ def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_sid
 
 
 def test_a_point_noisier_than_its_neighbours_is_judged_on_their_pooled_spread():
-    """pooled_spread: 5 neighbours' sums of squares over their degrees of freedom; the ends of
-    a series pool fewer; a series never borrows from another."""
+    """pooled_spread: the median of up to 5 neighbours' variances (made a variance again by the
+    chi-square median share), worth 65 % of their degrees of freedom; the ends of a series pool
+    fewer; a series never borrows from another; a neighbour 7x noisier than the rest moves no
+    other point's variance, and keeps its own (the larger)."""
     from commbench.core.stats import bh_adjust, pooled_spread
 
     var, df = pooled_spread(["a"] * 6 + ["b"], [1, 1, 1, 1, 1, 7, 2], [4] * 7, window=2)
-    assert df.tolist() == [12, 16, 20, 20, 16, 12, 4]
-    assert var[0] == pytest.approx(3 / 12) and var[5] == pytest.approx(9 / 12) and var[6] == pytest.approx(0.5)
+    assert df.tolist() == pytest.approx([0.65 * x for x in (12, 16, 20, 20, 16, 12, 4)])
+    share = (1 - 2 / 36) ** 3  # median of chi-square(4) / 4
+    assert var[:5] == pytest.approx([0.25 / share] * 5)  # the 7 at index 5 is in windows 3 and 4: no effect
+    assert var[5] == pytest.approx(7 / 4) and var[6] == pytest.approx(0.5 / share)
     # Benjamini-Hochberg: the textbook example (sorted p * m / rank, made monotone from the top).
     q = bh_adjust([0.01, 0.04, 0.03, 0.005, np.nan])
     assert q[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02]) and np.isnan(q[4])
@@ -325,3 +329,46 @@ def test_a_change_on_a_disturbed_or_oversubscribed_row_cannot_be_judged():
     assert "disturbed" in cav[SIZES[3]] and "oversubscribed (2 ranks per core)" in cav[SIZES[5]]
     s = summary(df)
     assert s["cannot judge"] == 2 and s["one run per side"] == 0
+
+
+def _repeated(name, runs, reps, factor, slow=None, sizes=SIZES):
+    """runs x reps rows a point: run i repeat k at true time x factor, times slow[(i, k)] where given."""
+    slow = slow or {}
+    rows = []
+    for i in range(1, runs + 1):
+        for k in range(1, reps + 1):
+            rows += [_row(s, _true_us(s) * factor * slow.get((i, k), 1.0) * (1 + 0.01 * ((i + k + j) % 3)),
+                          f"{name}{i}") | {"repeat": k} for j, s in enumerate(sizes)]
+    return pd.DataFrame(rows)
+
+
+def test_runs_with_repeats_are_judged_on_each_runs_fastest_repeat():
+    """Three runs a side of --repeat 3: a repeat caught in a slow stretch (2.5x) in two runs of one
+    side moves nothing (each run's figure is its fastest repeat); a 20 % change is found; a
+    disturbed repeat is passed over when the run has a clean one."""
+    from commbench.analyse.compare import fold_repeats
+
+    stretch = {(1, 2): 2.5, (3, 1): 2.5}
+    base, same = _repeated("a", 3, 3, 1.0), _repeated("b", 3, 3, 1.0, stretch)
+    df = compare_runs(base, same)
+    assert set(df["verdict"]) == {"not significant"}
+    assert set(df["base_runs"]) == {3} and df["basis"].str.endswith("each run: the fastest of its 3 repeats").all()
+    df = compare_runs(base, _repeated("p", 3, 3, 1.2, stretch))
+    assert set(df["verdict"]) == {"slower"}
+    # The fastest repeat of run a1 is disturbed: the fastest clean one stands for the run.
+    b = base.copy()
+    fast = (b["run"] == "a1") & (b["repeat"] == 1)
+    b.loc[fast, "time_us_p50"] *= 0.5
+    b.loc[fast, "disturbed"] = True
+    fb, _, note = fold_repeats(b, same)
+    assert len(fb) == 3 * len(SIZES) and not fb["disturbed"].fillna(False).astype(bool).any()
+    assert note == "each run: the fastest of its 3 repeats"
+    # Sides that take the fastest of different numbers of repeats say which one is favoured.
+    _, _, note = fold_repeats(base, _repeated("c", 3, 1, 1.0))
+    assert "3 base, 1 new: the side with more is favoured" in note
+
+
+def test_one_run_a_side_with_repeats_counts_each_repeat_as_a_run():
+    df = compare_runs(_repeated("a", 1, 3, 1.0), _repeated("b", 1, 3, 1.0))
+    assert set(df["base_runs"]) == {3} and set(df["new_runs"]) == {3}
+    assert df["basis"].str.contains("each repeat counted as a run").all()

@@ -196,3 +196,45 @@ def test_a_later_variant_runs_longer_than_the_drain_bound_to_its_end(tmp_path):
     assert sorted(df.groupby("variant").size().items()) == [("default", 5), ("ompi-ring", 5)]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and "teardown" not in meta
+
+
+@needs_mpi
+def test_variants_with_repeats_alternate_repeat_by_repeat_and_a_lost_launch_resumes(tmp_path):
+    """`--repeat 2` over two variants: four launches, A1 B1 A2 B2 (rows in that order), each
+    launch with the repeats up to its own; after the first round of launches the variants are
+    unfinished (a launcher lost there leaves a run that --resume completes)."""
+    suite = tmp_path / "v.toml"
+    suite.write_text('benchmarks = ["all_reduce"]\nsizes = ["8", "64K"]\nworlds = [2]\ncheck = true\n'
+                     'min_time_ms = 5\nvariants = ["default", "ompi-ring"]\n')
+    out = tmp_path / "run"
+    r = run_cli("run", suite, "--np", "2", "--repeat", "2", "--out", out, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.findall(r"variant (\S+) \(repeat (\d) of 2\)", r.stdout) == [
+        ("default", "1"), ("ompi-ring", "1"), ("default", "2"), ("ompi-ring", "2")]
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(x["variant"], x["repeat"]) for x in rows] == [
+        ("default", 1), ("default", 1), ("ompi-ring", 1), ("ompi-ring", 1),
+        ("default", 2), ("default", 2), ("ompi-ring", 2), ("ompi-ring", 2)]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["repeat"] == 2
+    assert {v["status"] for v in meta["variants"].values()} == {"complete"}
+
+    # The launcher lost after the first round: every variant has repeat 1 only.
+    (out / "rows.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows if x["repeat"] == 1))
+    for v in meta["variants"].values():
+        v["status"] = "interrupted"
+    meta["status"] = "interrupted"
+    (out / "meta.json").write_text(json.dumps(meta))
+    r = run_cli("run", "--resume", out, "--np", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert sorted((x["variant"], x["repeat"], x["nbytes"]) for x in rows) == sorted(
+        (v, k, n) for v in ("default", "ompi-ring") for k in (1, 2) for n in (8, 65536))
+    assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+
+
+def test_repeat_of_reads_the_command_line():
+    from commbench.run.launch_variants import repeat_of
+
+    assert repeat_of(["run", "x", "--repeat", "3"]) == 3 and repeat_of(["--repeat=4"]) == 4
+    assert repeat_of(["run", "x"]) == 1

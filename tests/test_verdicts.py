@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from commbench.report.variants_view import variant_comparisons
+from conftest import make_row, needs_mpi
 from commbench.run.variants import BUILTIN
 from commbench.analyse.verdicts import changes_algorithm, faster_at_size, untrusted_reason
 
@@ -95,6 +96,30 @@ def test_overlap_best_is_never_a_warned_or_impossible_row():
     assert f.verdict.startswith("cannot judge the overlap") and "hidden behind" not in f.verdict
 
 
+def test_overlap_with_repeats_rests_on_the_lowest_repeat_and_cannot_judge_across_the_bounds():
+    """`run --repeat 3`: a point stands for the lowest overlap of its repeats; the best point
+    is the one whose lowest is highest; repeats spread across 80 % at that point: cannot judge."""
+    from commbench.report.overlap_view import findings
+
+    def ov(nbytes, pct, rep, polls=0):
+        return {"run": "r", "benchmark": "overlap", "world": 2, "nbytes": nbytes, "mode": "single", "repeat": rep,
+                "params": {"polls": polls}, "overlap_osu_pct": pct, "t_overall_us": 1500.0,
+                "t_compute_us": 1000.0, "warning": None}
+
+    # 1M: 90 92 85 (every repeat hidden); 4M: 99 40 97 (one repeat only partly: its lowest is 40).
+    rows = [ov(1 << 20, x, k + 1) for k, x in enumerate((90.0, 92.0, 85.0))] + \
+           [ov(4 << 20, x, k + 1) for k, x in enumerate((99.0, 40.0, 97.0))]
+    (f,) = findings(pd.DataFrame(rows))
+    assert f.value.startswith("best 85% at 1M (the lowest of 3 repeats; they spread 85..92%)"), f.value
+    assert f.verdict.startswith("communication hidden behind the compute") and "lowest of their interleaved" in f.verdict
+    # Now 1M's repeats disagree across 80 %: 95 70 96.
+    rows = [ov(1 << 20, x, k + 1) for k, x in enumerate((95.0, 70.0, 96.0))] + \
+           [ov(4 << 20, x, k + 1) for k, x in enumerate((50.0, 40.0, 45.0))]
+    (f,) = findings(pd.DataFrame(rows))
+    assert f.verdict.startswith("cannot judge the overlap: its repeats at 1M spread 70..96%"), f.verdict
+    assert "hidden behind" not in f.verdict.split("(")[0]
+
+
 def test_the_planted_slowdown_hook(monkeypatch):
     """commbench/plant.py: only named points, a spin of the agreed median op time x pct."""
     import time
@@ -148,3 +173,54 @@ def test_the_planted_slowdown_hook(monkeypatch):
     assert np.min(t) >= 1e-3 + 1.5e-3 and np.median(t) < 1e-3 + 1.5e-3 + 0.02
     plain = plant.wrap(lambda: busy(1e-3), 0.0, Measured())
     assert not hasattr(plain, "compiled_loop") and 1e-3 <= np.min(Comm().time_ops(plain, 10)) < 2.5e-3
+
+
+def test_scaling_with_repeats_judges_only_what_every_repeat_agrees_on():
+    """The report's weak-scaling line of a `--repeat 2` run: repeats whose medians fall under
+    different words (95 % vs 60 %) cannot judge; repeats that agree give the verdict and say
+    what it rests on."""
+    from commbench.report.sections import scaling_section
+
+    def rows(eff_by_rep):
+        out = []
+        for rep, eff in eff_by_rep.items():
+            for w, bw in ((2, 10.0), (4, 10.0 * eff / 100)):
+                out.append(make_row("all_reduce", w, 1 << 20, 100.0, busbw_gbps=bw, run="r", repeat=rep,
+                                    busbw_factor=1.0))
+        return pd.DataFrame(out)
+
+    sec = scaling_section(rows({1: 95.0, 2: 60.0}), {})
+    (f,) = sec.findings
+    assert f.verdict.startswith("cannot judge: the repeats disagree") and "60..95%" in f.verdict, f.verdict
+    sec = scaling_section(rows({1: 95.0, 2: 93.0}), {})
+    (f,) = sec.findings
+    assert f.verdict.startswith("scales: per-rank throughput holds") and "median of 2 interleaved repeats" in f.verdict
+
+
+@needs_mpi
+def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp_path):
+    """tools/ab_gate.py end to end on a 3-point sweep (one round: nine 2-rank runs, two
+    compares): its record of the round, and one-line refusals. Whether it catches the planted
+    points on this host is what `make ab-gate` measures, not a test."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    gate = [sys.executable, str(ROOT / "tools" / "ab_gate.py")]
+    p = subprocess.run(gate + ["--rounds", "1", "--sizes", "4096,16384,65536", "--dtypes", "float32",
+                               "--run-repeat", "2", "--min-time-ms", "5", "--out", str(tmp_path / "g")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    (rec,) = [json.loads(x) for x in open(tmp_path / "g" / "rounds.jsonl")]
+    assert rec["same_exit"] in (0, 1) and rec["planted_exit"] in (0, 1)
+    assert sorted(rec["order"]) == sorted(f"{s}{i}" for s in "ABP" for i in (1, 2, 3))
+    assert set(rec["planted_found"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
+                                         "all_reduce:float32:65536"}
+    assert "planted 20 % on 3 points" in p.stdout and (tmp_path / "g" / "round01" / "planted.csv").is_file()
+    for args, words in ((["--sizes", "8,16"], "no planted point"), (["--sizes", "x"], "--sizes"),
+                        (["--rounds", "0"], "--rounds")):
+        p = subprocess.run(gate + args + ["--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)

@@ -1,13 +1,19 @@
 """The regression gate, checked: short all_reduce sweeps run A/B interleaved, then judged by
 `commbench compare A1 A2 A3 -- B1 B2 B3 --fail-on-regression`, many rounds over.
 
-Each round runs A1 B1 P1 A2 B2 P2 A3 B3 P3 (interleaved, so a neighbour that loads the
-machine for a minute lands on both sides), where A and B are the same code and P plants a
-slowdown (commbench/plant.py, a test hook) on PLANTED points. The A and B sides plant the
-same points at 0 %, so every side times them through the same loop and the delay is the only
-difference. Per round: the same-code compare's exit status (0 is right), the planted one's
-(1 is right), which points it flagged. One JSON line a round in OUT/rounds.jsonl, and the
-counts at the end:
+Each round runs A1 B1 P1 A2 B2 P2 A3 B3 P3 (interleaved, so a neighbour that loads the machine
+for a minute lands on both sides; each trio in a shuffled order, seeded by the round), where A
+and B are the same code and P plants a slowdown (commbench/run/plant.py, a test hook) on PLANTED
+points. The A and B sides plant the same points at 0 %, so every side times them through the
+same loop and the delay is the only difference. Per round: the same-code compare's exit status
+(0 is right), the planted one's (1 is right), which points it flagged.
+
+Each run measures every point three times interleaved (`run --repeat 3`, 10 ms a point: 5-15 s
+a run on 2 cores), and compare takes each run's fastest repeat of a point (compare.fold_repeats):
+on this kind of host a point can run 2-3x slow for seconds at a time, and the fastest of three
+interleaved repeats is rarely caught in such a stretch.
+
+One JSON line a round in OUT/rounds.jsonl, and the counts at the end:
 
     .venv/bin/python tools/ab_gate.py --rounds 20 --out results/ab-gate
 """
@@ -17,6 +23,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -24,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# 99 points: 8 B..512 KiB in steps of 2 and 1.5 (33 sizes), three dtypes; ~5-10 s a run on 2 cores.
+# 99 points: 8 B..512 KiB in steps of 2 and 1.5 (33 sizes), three dtypes.
 SIZES = sorted({b << k for b in (8, 12) for k in range(16)} | {512 << 10})
 DTYPES = ("float32", "float16", "int32")
 # Ten named points, spread over the dtypes and the middle sizes.
@@ -34,11 +41,12 @@ PLANTED = ("all_reduce:float32:4096", "all_reduce:float32:16384", "all_reduce:fl
            "all_reduce:int32:131072")
 
 
-def run_side(out: Path, pct: float, np_: int, min_time_ms: float) -> float:
+def run_side(out: Path, pct: float, np_: int, min_time_ms: float, repeat: int = 1, sizes=SIZES,
+             dtypes=DTYPES) -> float:
     env = {**os.environ, "COMMBENCH_PLANT_POINTS": ",".join(PLANTED), "COMMBENCH_PLANT_DELAY_PCT": str(pct)}
     cmd = [sys.executable, "-m", "commbench", "run", "quick", "-b", "all_reduce", "--backend", "mpi",
-           "--np", str(np_), "--worlds", str(np_), "--sizes", ",".join(map(str, SIZES)), "--dtypes", ",".join(DTYPES),
-           "--min-time-ms", str(min_time_ms), "--no-check", "--out", str(out),
+           "--np", str(np_), "--worlds", str(np_), "--sizes", ",".join(map(str, sizes)), "--dtypes", ",".join(dtypes),
+           "--min-time-ms", str(min_time_ms), "--repeat", str(repeat), "--no-check", "--out", str(out),
            # The gate compares times, not ceilings: a fixed profile skips the loopback probe,
            # which on a loaded host takes longer than the sweep itself.
            "--profile", "h100-hgx"]
@@ -67,33 +75,57 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs a side")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--pct", type=float, default=20.0, help="planted slowdown, per cent")
-    ap.add_argument("--min-time-ms", type=float, default=20.0)
+    ap.add_argument("--min-time-ms", type=float, default=10.0)
+    ap.add_argument("--run-repeat", type=int, default=3, help="run --repeat N inside each run")
     ap.add_argument("--out", default="results/ab-gate")
     ap.add_argument("--keep", action="store_true", help="keep the runs (default: only the compare CSVs)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="bytes, comma-separated (default: the 33 sizes the planted points are among)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
     a = ap.parse_args(argv)
-    if a.rounds < 1 or a.repeats < 2 or a.np < 2 or not a.pct > 0:
-        print("ab_gate: error: need --rounds >= 1, --repeats >= 2, --np >= 2 and --pct > 0", file=sys.stderr)
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    dtypes = [x.strip() for x in a.dtypes.split(",") if x.strip()]
+    if not sizes or min(sizes) < 1 or not dtypes:
+        print(f"ab_gate: error: --sizes needs positive byte counts and --dtypes at least one dtype, got "
+              f"{a.sizes!r} and {a.dtypes!r}", file=sys.stderr)
+        return 2
+    if a.rounds < 1 or a.repeats < 2 or a.np < 2 or not a.pct > 0 or a.run_repeat < 1:
+        print("ab_gate: error: need --rounds >= 1, --repeats >= 2, --run-repeat >= 1, --np >= 2 and --pct > 0", file=sys.stderr)
         return 2
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = out / "rounds.jsonl"
-    planted = set(PLANTED)
+    planted = {x for x in PLANTED if int(x.rsplit(":", 1)[1]) in sizes and x.split(":")[1] in dtypes}
+    if not planted:
+        print("ab_gate: error: no planted point is in the sweep (--sizes, --dtypes): it could find nothing",
+              file=sys.stderr)
+        return 2
     for rnd in range(1, a.rounds + 1):
         rd = out / f"round{rnd:02d}"
         if rd.exists():
             shutil.rmtree(rd)
         sides = {"A": [], "B": [], "P": []}
         secs = []
+        order = []
         for i in range(1, a.repeats + 1):
-            for side, pct in (("A", 0.0), ("B", 0.0), ("P", a.pct)):
+            # The three sides in a shuffled order each time (seeded by the round): B always
+            # right after A would give B whatever the host does after A's run, every time.
+            trio = [("A", 0.0), ("B", 0.0), ("P", a.pct)]
+            random.Random(rnd * 1000 + i).shuffle(trio)
+            for side, pct in trio:
+                order.append(f"{side}{i}")
                 d = rd / f"{side}{i}"
-                secs.append(run_side(d, pct, a.np, a.min_time_ms))
+                secs.append(run_side(d, pct, a.np, a.min_time_ms, a.run_repeat, sizes, dtypes))
                 sides[side].append(d)
         same_rc, same_flagged = compare(sides["A"], sides["B"], rd / "same.csv")
         plant_rc, plant_flagged = compare(sides["A"], sides["P"], rd / "planted.csv")
         rec = {"round": rnd, "same_exit": same_rc, "same_flagged": same_flagged, "planted_exit": plant_rc,
                "planted_found": sorted(planted & set(plant_flagged)),
-               "planted_others": sorted(set(plant_flagged) - planted), "run_s_max": round(max(secs), 1)}
+               "planted_others": sorted(set(plant_flagged) - planted), "run_s_max": round(max(secs), 1),
+               "order": order}
         with open(log, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"round {rnd}: same code exit {same_rc} ({len(same_flagged)} flagged); planted exit {plant_rc}, "

@@ -122,20 +122,41 @@ def bh_adjust(pvalues) -> np.ndarray:
     return out
 
 
+# The median of a variance estimate with nu degrees of freedom is this share of the variance
+# (chi-square median over nu, Wilson-Hilferty); dividing by it makes a median of such
+# estimates a variance estimate again.
+def _chi2_median_share(nu: float) -> float:
+    return (1.0 - 2.0 / (9.0 * nu)) ** 3
+
+
+# Degrees of freedom a median of k variance estimates is worth, per degree of freedom pooled:
+# the median wastes about a third of them. Checked by simulation (normal scatter; 2-9 runs a
+# side, 1-5 points pooled): the t-test's false-alarm rate stays at or below its level, at 5 %,
+# 0.5 % and 0.05 % (tests/test_compare_runs.py holds the sweep-wide rate).
+MEDIAN_DF_SHARE = 0.65
+
+
 def pooled_spread(groups, ss, dof, window: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Each point's run-to-run variance pooled with its neighbours: (variance, degrees of freedom).
 
     groups[i] names the series a point belongs to (one benchmark, dtype, variant ... over its
     sizes), listed in size order; ss[i] is the point's within-side sum of squared deviations
-    of log p50 over its runs, dof[i] its degrees of freedom (runs - 2 over both sides). A
-    point's variance is sum(ss) / sum(dof) over the points of its series at most `window`
-    places away. Why: with 3 runs a side a point's own variance has 4 degrees of freedom and
-    comes out small by chance often enough to call noise a change; neighbouring sizes run
-    the same protocol on the same machine in the same runs and scatter alike, so pooling
-    5 of them gives ~20 degrees of freedom. A point with no spread in its window gets
-    (nan, 0)."""
+    of log p50 over its runs, dof[i] its degrees of freedom (runs - 2 over both sides).
+
+    Why pool: with 3 runs a side a point's own variance has 4 degrees of freedom and comes
+    out small by chance often enough to call noise a change; neighbouring sizes run the same
+    protocol on the same machine in the same runs and scatter alike.
+
+    How: the MEDIAN of the variances of the points of its series at most `window` places away
+    (made a variance again by the chi-square median share), worth MEDIAN_DF_SHARE of their
+    degrees of freedom -- not their sum of squares: on a shared host one neighbour with a run
+    caught in a slow stretch has a variance a hundred times the others', and a sum would let
+    it hide a real change at every point around it. A point noisier than its neighbours is
+    judged on its own variance (the larger of the two): its own scatter is evidence against
+    calling it changed. A point with no spread in its window gets (nan, 0)."""
     ss = np.asarray(ss, dtype=np.float64)
     dof = np.asarray(dof, dtype=np.float64)
+    own = np.where(dof > 0, ss / np.where(dof > 0, dof, 1.0), np.nan)
     var = np.full(len(ss), np.nan)
     df = np.zeros(len(ss))
     members: dict = {}
@@ -143,9 +164,12 @@ def pooled_spread(groups, ss, dof, window: int = 2) -> tuple[np.ndarray, np.ndar
         members.setdefault(g, []).append(i)
     for idx in members.values():
         for j, i in enumerate(idx):
-            near = idx[max(0, j - window): j + window + 1]
-            d = float(dof[near].sum())
-            s = float(ss[near].sum())
-            if d > 0 and s > 0:
-                var[i], df[i] = s / d, d
+            near = [k for k in idx[max(0, j - window): j + window + 1] if dof[k] > 0]
+            if not near:
+                continue
+            nu = float(np.median(dof[near]))
+            pooled = float(np.median(own[near])) / _chi2_median_share(nu)
+            v = max(pooled, own[i]) if dof[i] > 0 else pooled
+            if v > 0:
+                var[i], df[i] = v, MEDIAN_DF_SHARE * float(dof[near].sum())
     return var, df

@@ -4,6 +4,7 @@ line of judgement per finding. html.py renders them as report.md and report.html
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
@@ -275,7 +276,22 @@ def scaling_section(df, figures: dict) -> Section | None:
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
                    "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
-                   findings=scaling_findings(sc, views, untrusted_points(df)))
+                   findings=scaling_findings(sc, views, untrusted_points(df), _per_repeat(df)))
+
+
+def _per_repeat(df) -> dict:
+    """A `--repeat N` run's scaling table of each repeat apart ({} without repeats): the
+    findings ask whether the repeats agree on the verdict."""
+    if "repeat" not in df.columns or df["repeat"].fillna(1).nunique() < 2:
+        return {}
+    rep = df["repeat"].fillna(1).astype(int)
+    out = {}
+    for k in sorted(rep.unique()):
+        try:
+            out[int(k)] = largest_size(scaling_table(df[rep == k]))
+        except Exception:  # noqa: BLE001 - a table must not sink the report
+            return {}
+    return out
 
 
 def untrusted_points(df) -> dict:
@@ -293,11 +309,14 @@ def untrusted_points(df) -> dict:
     return out
 
 
-def scaling_findings(sc, views, untrusted: dict | None = None) -> list[Finding]:
+def scaling_findings(sc, views, untrusted: dict | None = None, per_repeat: dict | None = None) -> list[Finding]:
     """Per benchmark: the efficiency at its largest world, against its smallest, over the
     groups at their largest size; the median judged, the worst named. A group whose rows at
     either world cannot be evidence (oversubscribed, disturbed, warned: untrusted_points)
-    is left out, and said; "cannot judge" when none is left."""
+    is left out, and said; "cannot judge" when none is left. With repeats (per_repeat: each
+    repeat's own table), the same median is taken in each repeat: when the repeats' medians
+    fall under different words, the spread between repeats is larger than what tells the
+    words apart, and the verdict is "cannot judge"."""
     out = []
     untrusted = untrusted or {}
     for bench, g in sc.groupby("benchmark", sort=True):
@@ -332,10 +351,38 @@ def scaling_findings(sc, views, untrusted: dict | None = None) -> list[Finding]:
         span = f"n={int(top['base_world'].min())} to n={int(top['world'].max())}"
         val = (f"{eff.iloc[0]:.0f}% ({span}, {at})" if len(top) == 1 else
                f"median {eff.median():.0f}% over {len(top)} points ({span}); worst {eff.min():.0f}% at {at}{stage}")
+        reps = _repeat_medians(top, bench, per_repeat or {})
+        if len(reps) >= 2:
+            lo, hi = min(reps), max(reps)
+            basis = (f"{rests_on(top)}, each the median of {len(reps)} interleaved repeats; the repeats' medians "
+                     f"{lo:.0f}..{hi:.0f}%")
+            if judge_efficiency(lo) != judge_efficiency(hi):
+                out.append(Finding(bench, metric, val + left, f"{CANNOT_JUDGE}: the repeats disagree ({basis})"))
+            else:
+                out.append(Finding(bench, metric, val + left, f"{judge_efficiency(float(eff.median()))} ({basis})"))
+            continue
         out.append(Finding(bench, metric, val + left,
                            f"{judge_efficiency(float(eff.median()))} ({rests_on(top)}; noise between runs not "
                            f"measured)"))
     return out
+
+
+def _repeat_medians(top, bench: str, per_repeat: dict) -> list[float]:
+    """The median efficiency over top's groups (same keys and worlds) in each repeat's table."""
+    from commbench.analyse.analysis import SCALING_KEYS
+
+    keys = [k for k in ("run", *SCALING_KEYS, "world", "base_world") if k in top.columns]
+    want = {tuple(text(r.get(k)) for k in keys) for r in top.to_dict("records")}
+    meds = []
+    for t in per_repeat.values():
+        if t is None or t.empty:
+            continue
+        t = t[t["benchmark"] == bench]
+        e = [float(r["efficiency_pct"]) for r in t.to_dict("records")
+             if tuple(text(r.get(k)) for k in keys) in want]
+        if e:
+            meds.append(float(statistics.median(e)))
+    return meds
 
 
 def fit_section(df) -> Section | None:

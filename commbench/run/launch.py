@@ -55,6 +55,9 @@ JOB_KEYS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_
 # status it writes, so the launcher reads the state of its own launch there, never a state an
 # earlier launch into the same directory (a resume, another variant) left behind.
 LAUNCH_ID_ENV = "COMMBENCH_LAUNCH_ID"
+# A launch of several variants with `--repeat N` alternates them repeat by repeat (A B A B):
+# each launch runs the repeats up to this one (the earlier ones are in the run already).
+REPEAT_UPTO_ENV = "COMMBENCH_REPEAT_UPTO"
 
 
 def new_launch_id() -> str:

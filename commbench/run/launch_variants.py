@@ -76,25 +76,41 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
     """Launch each runnable variant of the plan (variants.plan) on np_ local ranks, one
     launch each, into one run directory; then the side-by-side report."""
     skipped, library, status = {}, {}, 0
+    runnable = []
     for v, why in vplan.entries:
         if why:
             print(f"variant {v.name}: skipped: {why}", flush=True)
             skipped[v.name] = why
-            continue
-        env = dict(v.env)
-        if backend == "nccl":  # NCCL writes which algorithm it picked to a file per process
-            env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="TUNING",
-                       NCCL_DEBUG_FILE=f"{out}/nccl-debug-{v.name}.%h.%p.log")
-        shown = " ".join(f"{k}={x}" for k, x in v.env.items()) or "(no settings)"
-        print(f"variant {v.name}: {v.description}: {shown}", flush=True)
-        rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env,
-                                timeout_s=cfg.timeout_s)
-        library[v.name] = library_report(v, backend, np_, out)
-        if library[v.name].get("mismatch"):
-            print(f"variant {v.name}: asked for {library[v.name]['asked']} but the library used "
-                  f"{library[v.name]['used']}", flush=True)
-        status = status or rc
-        if rc == 130:
+        else:
+            runnable.append(v)
+    # With repeats, the variants alternate repeat by repeat (A B A B ...): a slow stretch of
+    # the host then lands on one repeat of each variant, not on every repeat of one.
+    repeat = repeat_of(child_argv)
+    rounds = range(1, repeat + 1) if repeat > 1 and len(runnable) > 1 else [None]
+    stopped = False
+    for rep in rounds:
+        for v in runnable:
+            env = dict(v.env)
+            if rep is not None:
+                env[launch.REPEAT_UPTO_ENV] = str(rep)
+            if backend == "nccl":  # NCCL writes which algorithm it picked to a file per process
+                env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="TUNING",
+                           NCCL_DEBUG_FILE=f"{out}/nccl-debug-{v.name}.%h.%p.log")
+            shown = " ".join(f"{k}={x}" for k, x in v.env.items()) or "(no settings)"
+            print(f"variant {v.name}{f' (repeat {rep} of {repeat})' if rep else ''}: {v.description}: {shown}",
+                  flush=True)
+            rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env,
+                                    timeout_s=cfg.timeout_s)
+            if v.name not in library:
+                library[v.name] = library_report(v, backend, np_, out)
+                if library[v.name].get("mismatch"):
+                    print(f"variant {v.name}: asked for {library[v.name]['asked']} but the library used "
+                          f"{library[v.name]['used']}", flush=True)
+            status = status or rc
+            stopped = rc == 130
+            if stopped:
+                break
+        if stopped:
             break
     _finish_meta(out, cfg, skipped, library)
     if Path(out, "rows.jsonl").is_file():
@@ -105,6 +121,19 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
         # skipped ones were announced above; a baseline that did not run leaves the choice to the report
         variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
     return status
+
+
+def repeat_of(argv: list[str]) -> int:
+    """`--repeat N` of a run's command line (1 when absent; the parser has checked it)."""
+    for i, a in enumerate(argv):
+        try:
+            if a == "--repeat":
+                return max(1, int(argv[i + 1]))
+            if a.startswith("--repeat="):
+                return max(1, int(a.split("=", 1)[1]))
+        except (IndexError, ValueError):
+            return 1
+    return 1
 
 
 def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: list[str], out: str,

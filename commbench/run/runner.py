@@ -277,7 +277,7 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
     # placement the backend cannot give (torch's all_reduce is in place only) makes both
     # placements one point: measured once.
     ctx.todo, ctx.reps, seen, n_done = [], [], set(done), 0
-    for rep in range(1, ctx.repeat + 1):
+    for rep in range(1, repeat_upto(ctx.repeat) + 1):
         for p in points:
             key = point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, ctx.variant.name,
                             get(p.benchmark).placement(world, p)) + repeat_suffix(rep)
@@ -289,6 +289,16 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
     if ctx.is_root and resume:
         print(f"resume: {n_done} of {n_done + len(ctx.todo)} points already in {ctx.run_dir.dir}, "
               f"{len(ctx.todo)} to run", flush=True)
+
+
+def repeat_upto(repeat: int) -> int:
+    """The last repeat this launch runs: all of them, unless the launcher alternates
+    variants repeat by repeat (launch.REPEAT_UPTO_ENV)."""
+    try:
+        upto = int(os.environ.get(launch.REPEAT_UPTO_ENV) or repeat)
+    except ValueError:
+        upto = repeat
+    return max(1, min(repeat, upto))
 
 
 def sweep(ctx: RunContext) -> list[dict]:
@@ -341,6 +351,14 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         why = (f"{len(failed)} point(s) failed the data check"
                + (f" ({earlier} of them in an earlier launch of this run)" if earlier else "")) if failed else None
         rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        upto = repeat_upto(ctx.repeat)
+        if upto < ctx.repeat and not failed:
+            # Variants alternating repeat by repeat: this one's later repeats come in later
+            # launches. Until they do it is unfinished, so a launcher that dies in between
+            # leaves a run that --resume completes.
+            rd.variant(ctx.variant.name).update(
+                status=Status.INTERRUPTED.value,
+                reason=f"repeat {upto} of {ctx.repeat} done; the variants alternate repeat by repeat")
         if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
             rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
             # Each variant is a launch of its own into the run: count each one's, and their sum.

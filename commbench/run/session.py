@@ -91,6 +91,11 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         # variant per launch); anything else would overwrite it.
         join = (args.variant is not None and meta.get("suite") == cfg.name
                 and args.variant not in (meta.get("variants") or {}))
+        # Or this launcher's own next repeat of a variant (variants alternating repeat by
+        # repeat): the variant's earlier repeats are there, marked unfinished.
+        join = join or (bool(os.environ.get(launch.REPEAT_UPTO_ENV)) and args.variant is not None
+                        and meta.get("suite") == cfg.name and int(meta.get("repeat") or 1) == args.repeat
+                        and (meta.get("variants") or {}).get(args.variant, {}).get("status") == "interrupted")
         if not join:
             raise UsageError(f"--out {args.out} already holds a run: continue it with --resume {args.out}, or choose "
                              f"another directory")

@@ -103,7 +103,8 @@ def refuse_duplicates(df) -> None:
 
 def load_side(paths, name: str):
     """The rows of one side's runs, each run named by its directory (by the path as given
-    when two directories of one side share a name, as a/quick and b/quick)."""
+    when two directories of one side share a name, as a/quick and b/quick). The repeats of a
+    `--repeat N` run keep their `repeat` column: compare.fold_repeats decides what they are."""
     from pathlib import Path
 
     import pandas as pd
@@ -123,10 +124,4 @@ def load_side(paths, name: str):
     clash = {x for x in names if names.count(x) > 1}
     for f, p, x in zip(frames, paths, names):
         f["run"] = str(p) if x in clash else x
-        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
-            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
-            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
-        if "repeat" in f.columns and (f["repeat"].fillna(1) > 1).any():
-            # A run of `--repeat N`: each repeat counts as a run, judged on the spread between them.
-            f["run"] = f["run"] + "/repeat" + f["repeat"].fillna(1).astype(int).astype(str)
     return pd.concat(frames, ignore_index=True)
