@@ -5,14 +5,15 @@ import argparse
 import os
 import sys
 
-from .backends import BACKENDS
-from commbench.core.errors import RunFailed, UsageError
-from commbench.report.styles import STYLES
 from commbench.analyse.ceilings import resolve_profile_spec
+from commbench.core.errors import RunFailed, UsageError
 from commbench.report.model_view import ceilings_command, model_command
+from commbench.report.styles import STYLES
 from commbench.run.session import run_command
-from commbench.store.results import check_out_dir
 from commbench.run.suite import TIMING_METHODS, key_help
+from commbench.store.results import check_out_dir
+
+from .backends import BACKENDS
 
 _STYLE_HELP = ("table: commbench's tables; nccl-tests: one line per size, out-of-place and in-place side by side, "
                "and the Avg bus bandwidth footer; osu: size, avg, min, max latency and iterations (the same rows: "
@@ -192,9 +193,10 @@ def profile_overrides(args) -> dict:
 
 
 def cmd_list() -> int:
+    from commbench.run.suite import list_suites
+
     from . import backends
     from .benchmarks import registry
-    from commbench.run.suite import list_suites
 
     print("benchmarks:")
     for name, b in sorted(registry().items()):

@@ -53,8 +53,8 @@ def test_moe_progress_lines_show_no_size_or_dtype():
 def test_moe_memory_refusal_names_the_moe_knobs_and_the_points_ranks(monkeypatch):
     import pytest
 
-    from commbench.run import plan as plan_mod
     from commbench.core.errors import UsageError
+    from commbench.run import plan as plan_mod
 
     cfg, points = _points(MOE_SMALL, world=4)
     need = max(plan_mod.plan(cfg, points, 4, "gpu")[i]["mem_nbytes"] for i in range(len(points)))
@@ -131,8 +131,8 @@ def _data_lines(text_):
 
 
 def test_imported_nccl_tests_file_reads_as_nccl_tests_printed_it(tmp_path):
-    from commbench.store.importers import import_to_run
     from commbench.report.styles import NCCL_HEADER, nccl_tests_lines
+    from commbench.store.importers import import_to_run
 
     for name in ("nccl_all_reduce_8gpu.txt", "nccl_alltoall_8gpu.txt"):
         src = (FIXTURES / name).read_text()
@@ -151,8 +151,8 @@ def test_imported_nccl_tests_file_reads_as_nccl_tests_printed_it(tmp_path):
 
 
 def test_osu_style_prints_size_avg_min_max_iterations(tmp_path):
-    from commbench.store.importers import import_to_run
     from commbench.report.styles import OSU_HEADER, osu_lines
+    from commbench.store.importers import import_to_run
 
     src = (FIXTURES / "osu_allreduce_f.txt").read_text()
     out, _ = import_to_run([FIXTURES / "osu_allreduce_f.txt"], tmp_path / "osu", world=4)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import commbench
-from commbench.analyse import ceilings, model as M
+from commbench.analyse import ceilings
+from commbench.analyse import model as M
 from commbench.analyse.analysis import fit_table
-
 from conftest import needs_mpi, run_cli
 
 

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from commbench.analyse.compare import ONE_RUN_CAVEAT, between_runs, compare_runs, summary
+from commbench.core.errors import UsageError
 from commbench.core.stats import t_quantile
 from commbench.report.compare_view import _pct_text, compare_paths, print_compare, split_sides
-from commbench.core.errors import UsageError
 from commbench.store.results import RunDir, Status
 from conftest import make_row, needs_mpi, run_cli
 

@@ -200,9 +200,8 @@ def test_a_step_runs_once_unheld_before_its_first_held_step():
 @needs_torch
 def test_held_steps_carry_the_coverage_fields_and_warn_like_held_ops():
     """A held step whose hold ran out says so on its row, as a held op does."""
-    from fake_cuda import Device, cuda_comm
-
     from commbench.benchmarks.base import Point, Traffic
+    from fake_cuda import Device, cuda_comm
 
     dev = Device(cap_s=1e-4)  # the cap runs out while the host enqueues 50 launches (1.25 ms)
     comm = cuda_comm(dev)
@@ -234,9 +233,8 @@ def test_held_steps_carry_the_coverage_fields_and_warn_like_held_ops():
 
 @needs_torch
 def test_an_op_whose_hold_ran_out_is_timed_unheld_for_the_rest_of_the_point():
-    from fake_cuda import Device, cuda_comm
-
     from commbench.benchmarks.base import Point, Traffic
+    from fake_cuda import Device, cuda_comm
 
     dev = Device(cap_s=1e-4)  # any batch of more than 4 launches outlives the cap
     comm = cuda_comm(dev)
@@ -253,8 +251,8 @@ def test_an_op_whose_hold_ran_out_is_timed_unheld_for_the_rest_of_the_point():
 
 
 def test_hold_cap_from_the_environment():
-    from commbench.core.errors import UsageError
     from commbench.backends.gpuhold import DEFAULT_HOLD_CAP_S, hold_cap_s
+    from commbench.core.errors import UsageError
 
     assert hold_cap_s({}) == DEFAULT_HOLD_CAP_S
     assert hold_cap_s({"COMMBENCH_HOLD_CAP_S": " 0.25 "}) == 0.25
@@ -280,9 +278,8 @@ def test_flag_hold_compiles_when_made_and_a_failed_compile_falls_back_with_its_r
     surface inside the first timed batch."""
     import sys
 
-    from fake_cuda import Device, FakeCupy, cuda_comm, fake_torch
-
     from commbench.backends import gpuhold
+    from fake_cuda import Device, FakeCupy, cuda_comm, fake_torch
 
     dev = Device()
     cupy = FakeCupy(dev)

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_reliability_job import _fill, small_disk  # noqa: F401  (a 1 MiB tmpfs, and filling it)
 
 from conftest import ROOT, needs_mpi, needs_torch, run_cli
-from test_reliability_job import _fill, small_disk  # noqa: F401  (a 1 MiB tmpfs, and filling it)
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

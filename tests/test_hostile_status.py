@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from commbench.analyse import analysis as an
-from commbench.store.results import RunDir, Status
 from commbench.store.load import load
+from commbench.store.results import RunDir, Status
 from conftest import make_row, needs_mpi, run_cli
 
 RUN = ["quick", "--np", "2", "--backend", "mpi", "-b", "all_reduce", "--sizes", "8,16", "--iters", "3",

@@ -8,11 +8,10 @@ import pandas as pd
 import pytest
 
 from commbench.core.errors import UsageError
-from commbench.store.importers import detect_format, import_file, write_imported_run
 from commbench.core.schema import ROW_FIELDS, SCHEMA_VERSION
+from commbench.store.importers import detect_format, import_file, write_imported_run
 from commbench.store.load import load
 from commbench.store.results import load_meta
-
 from conftest import run_cli
 
 FIX = Path(__file__).resolve().parent / "fixtures"

@@ -11,7 +11,6 @@ import pytest
 
 from commbench.core.errors import UsageError
 from commbench.store.importers import import_file, import_to_run
-
 from conftest import run_cli
 
 REAL = Path(__file__).resolve().parent / "data" / "real-outputs"

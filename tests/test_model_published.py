@@ -7,9 +7,9 @@ import pytest
 
 from commbench.analyse import model as md
 from commbench.analyse import model_check as mc
+from commbench.analyse.profiles import list_profiles, load_profile, parse_profile_text
 from commbench.core.errors import UsageError
 from commbench.moe import accounting as acc
-from commbench.analyse.profiles import list_profiles, load_profile, parse_profile_text
 from conftest import ROOT, run_cli
 
 GiB = 1 << 30

@@ -7,13 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run_cli
-
 import commbench.moe as M
 from commbench.backends.moe.torch_hierarchical import block_index
 from commbench.benchmarks.moe.host import regroup_perm
 from commbench.moe.accounting import hierarchical_rows
 from commbench.store.load import load
+from conftest import run_cli
 
 TOKENS, HIDDEN, EXPERTS, TOPK = 64, 256, 8, 2
 NODES = [0, 0, 1, 1]  # --ranks-per-node 2 at 4 ranks

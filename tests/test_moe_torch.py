@@ -231,8 +231,8 @@ def test_the_benchmark_picks_one_engine_per_comm_and_kind_the_comm_knows_no_moe(
 
 
 def test_moe_is_refused_only_where_it_cannot_run():
-    from commbench.run import suite
     from commbench.core.errors import UsageError
+    from commbench.run import suite
 
     cfg = suite.build_config(suite.read_suite("moe"))
     suite.check_backend(cfg, "nccl", "cuda")  # the device path

@@ -17,11 +17,18 @@ import numpy as np
 import pytest
 
 from commbench.backends.base import Comm, Handle
-from commbench.benchmarks.base import Point
 from commbench.backends.compute import Compute, Gemm, calibrate_gemm, gemm_flops
+from commbench.benchmarks.base import Point
+from commbench.benchmarks.overlap import (
+    Overlap,
+    OverlapCore,
+    make_schedule,
+    overlap_fields,
+    overlap_imb_pct,
+    overlap_osu_pct,
+    row_warnings,
+)
 from commbench.report import views
-from commbench.benchmarks.overlap import (Overlap, OverlapCore, make_schedule, overlap_fields, overlap_imb_pct,
-                                          overlap_osu_pct, row_warnings)
 from commbench.run.harness import Harness
 from commbench.run.suite import SuiteConfig, build_config, expand, read_suite
 from conftest import needs_mpi, needs_torch, run_cli

@@ -8,16 +8,15 @@ import pandas as pd
 import pytest
 
 from commbench.store.importers import import_file, write_imported_run
-from commbench.store.results import RunDir, Status
 from commbench.store.load import load
-
+from commbench.store.results import RunDir, Status
 from conftest import run_cli
 
 pytest.importorskip("matplotlib")
 
 from commbench.report import plots  # noqa: E402
-from commbench.report.sections import chosen_env  # noqa: E402
 from commbench.report.html import write_report
+from commbench.report.sections import chosen_env  # noqa: E402
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,8 +1,8 @@
 """Rank 0's progress: the time left weighs points by their planned time, and a point's line
 names its size as the tables do and only the params that vary in the sweep."""
+from commbench.report.progress import Progress
 from commbench.run import suite as suite_mod
 from commbench.run.plan import point_seconds
-from commbench.report.progress import Progress
 
 
 def _points(raw, world=2):

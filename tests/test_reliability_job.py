@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_reliability import FAULT_AT, SIZES, _env, _finished_rows_intact, _launch, _meta, _wait_rows
 
 import commbench
 from conftest import ROOT, needs_mpi, needs_torch, run_cli
-from test_reliability import FAULT_AT, SIZES, _env, _finished_rows_intact, _launch, _meta, _wait_rows
 
 # The bound for a failure to end the job, from the moment it is caused (a watchdog's
 # own timeout is added where the failure is a silence only the watchdog can see).

@@ -11,9 +11,9 @@ from commbench.store.results import RunDir, Status
 
 pytest.importorskip("matplotlib")
 
-from commbench.report.html import write_report  # noqa: E402
-
 from test_report_tables import BENCHES, SIZES, WORLDS, _row  # noqa: E402
+
+from commbench.report.html import write_report  # noqa: E402
 
 BUCKETS = [1 << 22, 1 << 23, 25 << 20]  # DDP's 25 MiB bucket is no power of two
 

@@ -161,7 +161,6 @@ def test_a_fit_needs_three_sizes():
 
 def test_wide_flag_on_report(tmp_path):
     from commbench.store.results import RunDir, Status
-
     from conftest import run_cli
 
     rd = RunDir(tmp_path / "run").open({"schema": 3, "status": "running", "hosts": ["h"] * 2})

@@ -7,8 +7,8 @@ import pytest
 
 from commbench.core.errors import UsageError
 from commbench.core.schema import ROW_FIELDS, SCHEMA_VERSION, normalize_row, params_dict, point_key
-from commbench.store.results import RunDir, Status, overall_status, read_rows
 from commbench.store.load import load
+from commbench.store.results import RunDir, Status, overall_status, read_rows
 
 
 def test_point_key_is_stable_and_orders_params():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from commbench.store.results import RunDir, Status, read_rows_checked
 from commbench.store.load import load
+from commbench.store.results import RunDir, Status, read_rows_checked
 from conftest import make_row, run_cli
 
 

@@ -9,12 +9,19 @@ import subprocess
 import pytest
 
 import commbench
-from commbench.run import launch
-from commbench.core.errors import UsageError
-from commbench.run.runner import overall_status
 from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbps
-from commbench.run.variants import (BUILTIN, nccl_algorithms, ompi_selected_component, parse_suite_variants,
-                                    requested_ompi_component, resolve, unavailable)
+from commbench.core.errors import UsageError
+from commbench.run import launch
+from commbench.run.runner import overall_status
+from commbench.run.variants import (
+    BUILTIN,
+    nccl_algorithms,
+    ompi_selected_component,
+    parse_suite_variants,
+    requested_ompi_component,
+    resolve,
+    unavailable,
+)
 from conftest import ROOT, needs_mpi, run_cli
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from commbench.report.variants_view import variant_comparisons
-from conftest import make_row, needs_mpi
-from commbench.run.variants import BUILTIN
 from commbench.analyse.verdicts import changes_algorithm, faster_at_size, untrusted_reason
+from commbench.report.variants_view import variant_comparisons
+from commbench.run.variants import BUILTIN
+from conftest import make_row, needs_mpi
 
 SIZES = [1024, 65536, 1 << 20]
 
@@ -128,8 +128,8 @@ def test_the_planted_slowdown_hook(monkeypatch):
     import numpy as np
     import pytest
 
-    from commbench.run import plant
     from commbench.core.errors import UsageError
+    from commbench.run import plant
 
     point = SimpleNamespace(benchmark="all_reduce", dtype="float32", nbytes=4096)
     monkeypatch.delenv(plant.POINTS_ENV, raising=False)

@@ -13,7 +13,6 @@ from commbench.analyse.analysis import fit_table, scaling_table
 from commbench.benchmarks.base import for_rows
 from commbench.report.terminal import print_tables
 from commbench.store.results import RunDir, Status
-
 from conftest import make_row, run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"

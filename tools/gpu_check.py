@@ -57,8 +57,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_targets import (REF_ALL_REDUCE, cupy_hint, figures, fmt_gbps, fmt_us, load_previous,  # noqa: E402,F401
-                         moe_rates, print_figures, read_rows, table, targets)
+from gpu_targets import (  # noqa: E402,F401
+    REF_ALL_REDUCE,
+    cupy_hint,
+    figures,
+    fmt_gbps,
+    fmt_us,
+    load_previous,
+    moe_rates,
+    print_figures,
+    read_rows,
+    table,
+    targets,
+)
 
 NO_CUDA_LINE = "no CUDA device: nothing to check"
 EXIT_NO_CUDA, EXIT_MISSING = 3, 4

@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
+from commbench.benchmarks.base import for_rows
 from commbench.core.errors import UsageError
 from commbench.core.schema import params_dict, per_params
-from commbench.benchmarks.base import for_rows
 
 # Group keys; `run` leads when the rows carry it. In-place and out-of-place rows of one
 # size (nccl-tests' two columns) are different points: placement is a key of its own.

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import math
 
+from commbench.benchmarks import Benchmark, registry
+from commbench.core.errors import UsageError
+
 # The profile names that callers reach through this module (ceilings.load_profile, ...):
 # loading a profile and judging rows against it go together at every call site.
 from .profiles import (  # noqa: F401
-    LINK_DIRECTIONS, Profile, apply_overrides, format_rate, list_profiles, load_profile, loopback_profile,
-    parse_profile_text, parse_rate_gbps, profiles_table_rows, scaleup_rates_for,
+    LINK_DIRECTIONS,
+    Profile,
+    apply_overrides,
+    format_rate,
+    list_profiles,
+    load_profile,
+    loopback_profile,
+    parse_profile_text,
+    parse_rate_gbps,
+    profiles_table_rows,
+    scaleup_rates_for,
 )
-from commbench.benchmarks import Benchmark, registry
-from commbench.core.errors import UsageError
 
 # A variant whose name holds one of these reduces in the switch (NVLink SHARP, IB SHARP).
 INSWITCH_MARKERS = ("nvls", "sharp", "collnet", "inswitch", "multimem")

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 
 from commbench.analyse.analysis import params_key
-from commbench.core.errors import UsageError
-from commbench.analyse.verdicts import untrusted_reason
 from commbench.analyse.intervals import _num, between_runs, point_ci  # noqa: F401 (between_runs: the API)
+from commbench.analyse.verdicts import untrusted_reason
+from commbench.core.errors import UsageError
 from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
 
 # placement: nccl-tests' in-place and out-of-place columns are different operations (at one

@@ -13,11 +13,24 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from commbench.analyse.fabric import (  # noqa: F401
+    Fabric,
+    Terms,
+    Tier,
+    _check_p,
+    _domain,
+    _flat_tier,
+    _lg,
+    _scaleout,
+    _xfer_us,
+    fabric_from_profile,
+    fabric_from_rates,
+    placement,
+    ranks_per_domain,
+)
+from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.moe import accounting
-from commbench.analyse.fabric import (Fabric, Terms, Tier, _check_p, _domain, _flat_tier, _lg, _scaleout, _xfer_us,  # noqa: F401
-                                      fabric_from_profile, fabric_from_rates, placement, ranks_per_domain)
-from commbench.benchmarks import registry
 
 ASSUMPTIONS: list[str] = [
     "alpha-beta (Hockney) model: each step costs alpha + bytes/B; no congestion, "

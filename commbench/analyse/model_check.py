@@ -15,9 +15,10 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from . import model as M
 from commbench.core.errors import UsageError
 from commbench.moe import accounting
+
+from . import model as M
 from .profiles import load_profile
 
 BOUND_RATIO = 1.5  # every held-out row within 1/1.5 .. 1.5 of its published time

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from commbench.core.errors import UsageError
 from commbench.backends.gpus import visible_gpus
+from commbench.core.errors import UsageError
 
 # name -> (module, class, device)
 BACKENDS = {

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from commbench.core.errors import UsageError
 from commbench.backends.base import Comm
+from commbench.core.errors import UsageError
 
 CALIBRATE_TOL = 0.10           # calibrated compute within 10 % of t_comm
 CALIBRATE_ROUNDS = 8

@@ -23,6 +23,7 @@ import ctypes
 import os
 
 from commbench.core.errors import UsageError
+
 from .timing import Hold
 
 # The longest a hold spins. A host that waits for the device while its stream is held (a

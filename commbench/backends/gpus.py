@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from commbench.core.errors import UsageError
 from commbench.backends.gpuhold import hold_cap_s
+from commbench.core.errors import UsageError
 from commbench.core.whoami import detect, find_mpirun, local_ranks
 
 

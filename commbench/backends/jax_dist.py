@@ -32,6 +32,7 @@ from commbench.backends.jax_probe import cuda_plugin
 from commbench.backends.mpi import aligned_empty
 from commbench.backends.rendezvous import meet, parse_port, prepare_rendezvous, prepare_torch_env
 from commbench.core.errors import UsageError
+
 from .base import Comm, Handle
 
 AXIS = "ranks"  # the mesh axis every collective names

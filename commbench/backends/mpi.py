@@ -1,17 +1,17 @@
 """mpi4py backend: numpy buffers on CPU, cupy buffers on CUDA when the MPI is CUDA-aware."""
 from __future__ import annotations
 
-import os
-
 import functools
 import mmap
+import os
 
 import numpy as np
 
-from commbench.core.errors import UsageError
-from .base import Comm, Handle, RowsExchange
 from commbench.backends import mpi_timeloop
 from commbench.backends.timing import time_steps_with_events, time_with_events
+from commbench.core.errors import UsageError
+
+from .base import Comm, Handle, RowsExchange
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
               "float64": np.float64, "uint8": np.uint8}
@@ -275,8 +275,8 @@ class MpiBackend:
         return None if sub == MPI.COMM_NULL else MpiComm(sub, self.device)
 
     def versions(self) -> dict:
-        from mpi4py import MPI
         import mpi4py
+        from mpi4py import MPI
 
         # Some libraries end the string with its C terminator.
         return {"mpi4py": mpi4py.__version__,

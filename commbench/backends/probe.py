@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from commbench.backends.mpi import aligned_empty
 
 FALLBACK_LLC_NBYTES = 32 << 20

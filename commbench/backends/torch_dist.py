@@ -8,11 +8,19 @@ import weakref
 
 import numpy as np
 
-from commbench.core.errors import UsageError
 from commbench.backends.gpuhold import hold_cap_s, make_holds
-from commbench.backends.timing import (NoHold, choose_ops_per_batch, choose_ops_per_replay, time_held, time_steps_with_events, time_with_events, time_with_graph)
-from .base import Comm, Handle
+from commbench.backends.timing import (
+    NoHold,
+    choose_ops_per_batch,
+    choose_ops_per_replay,
+    time_held,
+    time_steps_with_events,
+    time_with_events,
+    time_with_graph,
+)
+from commbench.core.errors import UsageError
 
+from .base import Comm, Handle
 
 # commbench dtype -> cupy.cuda.nccl's name for it.
 _NCCL_TYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench.core.errors import UsageError
+
 from .base import Benchmark, Point, equal_chunked, fill_chunked, pattern_at, pattern_run, register
 
 

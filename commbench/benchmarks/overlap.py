@@ -42,6 +42,7 @@ import numpy as np
 
 from commbench.backends.compute import Compute, Gemm, calibrate_gemm, set_compute_threads
 from commbench.core.errors import UsageError
+
 from .base import Benchmark, Param, Point, Traffic, equal_chunked, fill_chunked, pattern_run, register
 from .overlap_core import OverlapCore, Schedule, make_schedule, nchunks_for  # noqa: F401 (the core's names, here too)
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from commbench.backends.compute import Compute
 from commbench.core.errors import UsageError
 
-
 # While a progress thread runs, the interpreter hands the GIL over every 50 us instead of
 # every 5 ms, so the compute thread is not held at a chunk boundary for up to 5 ms by a
 # poller that drops and retakes the GIL around each test() (restored afterwards).

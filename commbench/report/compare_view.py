@@ -8,12 +8,21 @@ import math
 
 from rich.markup import escape
 
-from commbench.analyse.compare import (FDR_Q, ONE_RUN_CAVEAT, REPEAT_HINT, compare_runs, nothing_in_common, exit_status, split_only, summary)
-from commbench.store.load import load_side, refuse_duplicates
+from commbench.analyse.compare import (
+    FDR_Q,
+    ONE_RUN_CAVEAT,
+    REPEAT_HINT,
+    compare_runs,
+    exit_status,
+    nothing_in_common,
+    split_only,
+    summary,
+)
 from commbench.core.errors import UsageError
 from commbench.core.units import fmt_size
 from commbench.report import terminal
 from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, size_cells, table
+from commbench.store.load import load_side, refuse_duplicates
 
 
 def _params_text(key: str) -> str:

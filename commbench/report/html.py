@@ -9,15 +9,25 @@ import html
 import time
 from pathlib import Path
 
-from commbench.report.sections import (_rejudge, _run_name, benchmark_sections, check_findings, fit_section, run_header, run_line, scaling_section, summary_section, variant_sections)  # noqa: F401
-from commbench.report.viewkit import (Section)
+from commbench.analyse.ceilings import load_profile
 from commbench.core.errors import UsageError
 from commbench.report import plots
+from commbench.report.sections import (  # noqa: F401
+    _rejudge,
+    _run_name,
+    benchmark_sections,
+    check_findings,
+    fit_section,
+    run_header,
+    run_line,
+    scaling_section,
+    summary_section,
+    variant_sections,
+)
 from commbench.report.terminal import skipped_variants
+from commbench.report.viewkit import Section
 from commbench.store.load import load
 from commbench.store.results import load_meta
-from commbench.analyse.ceilings import load_profile
-
 
 # ---------------------------------------------------------------------------------------
 # rendering

@@ -5,16 +5,16 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from commbench.analyse import ceilings, model as M
+from commbench.analyse import ceilings
+from commbench.analyse import model as M
 from commbench.analyse.analysis import fit_table
+from commbench.analyse.model_check import BOUND_RATIO, MEDIAN_BAND, check, default_table, load_table, summary, within
 from commbench.core.errors import UsageError
-from commbench.core.units import parse_size
+from commbench.core.units import fmt_size, parse_size
 from commbench.moe import accounting
 from commbench.report.terminal import make_console, stdout_is_tty
 from commbench.store.load import load
 from commbench.store.results import load_meta
-from commbench.analyse.model_check import BOUND_RATIO, MEDIAN_BAND, check, default_table, load_table, summary, within
-from commbench.core.units import fmt_size
 
 
 def summary_lines(s: dict) -> list[str]:

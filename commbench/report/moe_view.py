@@ -8,13 +8,30 @@ import json
 import math
 from pathlib import Path
 
-
 from commbench.analyse.verdicts import cannot_judge, excluded_note, trusted_mask
 from commbench.benchmarks.base import for_rows
 from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)
-from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, int_log2_axis, judge_ceiling, labeler, new_figure, num, params_order, save_figure, table, text, varying_params)
 from commbench.core.schema import has
-
+from commbench.report.viewkit import (
+    ALWAYS,
+    COMPACT,
+    WIDE,
+    FigureInfo,
+    Finding,
+    Section,
+    add_column,
+    fmt,
+    int_log2_axis,
+    judge_ceiling,
+    labeler,
+    new_figure,
+    num,
+    params_order,
+    save_figure,
+    table,
+    text,
+    varying_params,
+)
 
 # Sub-stages in the order a step runs them (every path's names: host, device, hierarchical,
 # low-latency); the exchange itself is every stage named a2a*.

@@ -5,10 +5,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commbench.core.units import fmt_size
-from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, FigureInfo, Finding, Section, add_column, fmt, labeler, legend_beside, new_figure, save_figure, size_axis, size_ticks, table, text, varying_params)
-from commbench.core.schema import has
 from commbench.analyse.verdicts import cannot_judge, excluded_note, rests_on, trusted_mask
+from commbench.core.schema import has
+from commbench.core.units import fmt_size
+from commbench.report.viewkit import (
+    ALWAYS,
+    COMPACT,
+    WIDE,
+    FigureInfo,
+    Finding,
+    Section,
+    add_column,
+    fmt,
+    labeler,
+    legend_beside,
+    new_figure,
+    save_figure,
+    size_axis,
+    size_ticks,
+    table,
+    text,
+    varying_params,
+)
 
 
 def _us(v) -> str:

@@ -12,13 +12,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
-from commbench.report import views as view_hooks
-from commbench.report.terminal import own_metrics_caption
+from commbench.analyse.ceilings import is_inswitch
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
-from .viewkit import (FigureInfo, capturing, int_log2_axis, labeler, legend_beside, new_figure, save_figure, size_axis,
-                      text)
-from commbench.analyse.ceilings import is_inswitch
+from commbench.report import views as view_hooks
+from commbench.report.terminal import own_metrics_caption
+
+from .viewkit import (
+    FigureInfo,
+    capturing,
+    int_log2_axis,
+    labeler,
+    legend_beside,
+    new_figure,
+    save_figure,
+    size_axis,
+    text,
+)
 
 
 def have_matplotlib() -> bool:

@@ -34,7 +34,8 @@ class Progress:
                 self.varying.setdefault(p.benchmark, {}).setdefault(k, set()).add(repr(v))
         if self.tty:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RP
 
             self._tty_file = None
             path = os.environ.get("COMMBENCH_TTY_PATH")

@@ -8,17 +8,32 @@ import statistics
 from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
-from commbench.report import views as view_hooks
-from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, time_caption
-from commbench.core.schema import params_dict
-from commbench.core.units import fmt_size
-from commbench.report.viewkit import (Finding, Section, fmt, judge_ceiling, judge_efficiency, judge_latency, num, params_order, size_cells, text)
-from commbench.core.schema import has
-from commbench.report.terminal import rejudge_rows
-from commbench.report.variants_view import variant_comparisons
-from commbench.analyse.verdicts import CANNOT_JUDGE, cannot_judge, excluded_note, rests_on, trusted_mask, untrusted_reason
+from commbench.analyse.verdicts import (
+    CANNOT_JUDGE,
+    cannot_judge,
+    excluded_note,
+    rests_on,
+    trusted_mask,
+    untrusted_reason,
+)
 from commbench.core.hoststate import host_line
-
+from commbench.core.schema import has, params_dict
+from commbench.core.units import fmt_size
+from commbench.report import views as view_hooks
+from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, rejudge_rows, time_caption
+from commbench.report.variants_view import variant_comparisons
+from commbench.report.viewkit import (
+    Finding,
+    Section,
+    fmt,
+    judge_ceiling,
+    judge_efficiency,
+    judge_latency,
+    num,
+    params_order,
+    size_cells,
+    text,
+)
 
 # ---------------------------------------------------------------------------------------
 # small helpers

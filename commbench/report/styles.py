@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import math
 
-from commbench.core.schema import params_dict
-from commbench.core.schema import has
+from commbench.core.schema import has, params_dict
 from commbench.report.viewkit import text
 
 STYLES = ("table", "nccl-tests", "osu")

@@ -5,20 +5,31 @@ import json
 import os
 import sys
 
-from commbench.analyse.analysis import presenters
+from commbench.analyse.analysis import largest_size, presenters
+from commbench.benchmarks.base import for_rows
+from commbench.core.hoststate import host_line
+from commbench.core.schema import has, per_params
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
-from commbench.report.variants_view import variant_comparisons
-from commbench.report.viewkit import _has, fixed
 from commbench.report.styles import STYLES, nccl_tests_lines, osu_lines
-from commbench.report.viewkit import (ALWAYS, COMPACT, WIDE, add_column, num, params_order, print_table, records, size_cells, table, text)
-from commbench.core.schema import has
-from commbench.core.schema import per_params
-from commbench.analyse.analysis import largest_size
-from commbench.benchmarks.base import for_rows
+from commbench.report.variants_view import variant_comparisons
+from commbench.report.viewkit import (
+    ALWAYS,
+    COMPACT,
+    WIDE,
+    _has,
+    add_column,
+    fixed,
+    num,
+    params_order,
+    print_table,
+    records,
+    size_cells,
+    table,
+    text,
+)
 from commbench.store.load import load
 from commbench.store.results import load_meta
-from commbench.core.hoststate import host_line
 
 
 def stdout_is_tty() -> bool:

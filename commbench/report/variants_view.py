@@ -7,8 +7,14 @@ import json
 
 from commbench.analyse.analysis import presenters
 from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbps
-from commbench.analyse.verdicts import (CANNOT_JUDGE, NO_CHANGE, changes_algorithm, faster_at_size, median_row,
-                                        untrusted_reason)
+from commbench.analyse.verdicts import (
+    CANNOT_JUDGE,
+    NO_CHANGE,
+    changes_algorithm,
+    faster_at_size,
+    median_row,
+    untrusted_reason,
+)
 from commbench.core.schema import has
 from commbench.core.units import fmt_size
 from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, fixed, size_cells, text

@@ -10,7 +10,8 @@ from commbench.core import hoststate
 from commbench.core.schema import SCHEMA_VERSION, point_key
 from commbench.core.stats import bandwidths_gbps, calibrate_iters, summarize_us
 from commbench.report.progress import describe
-from commbench.run import plant, suite as suite_mod
+from commbench.run import plant
+from commbench.run import suite as suite_mod
 from commbench.run.variants import BUILTIN
 
 

@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import launch
-from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
-from commbench.run.variants import lookup
-from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.backends.torch_backend import symm_mem_support
 from commbench.report.terminal import variant_tables
+from commbench.run.variants import lookup
 from commbench.store.load import load
+from commbench.store.results import RunDir, Status, base_meta, overall_status
+
+from . import launch
+from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
 
 
 def mpi_flavor() -> str:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from . import launch
+from commbench.benchmarks import get
 from commbench.core.errors import UsageError
 from commbench.core.units import INT_MAX, fmt_size
-from commbench.benchmarks import get
+
+from . import launch
 
 # A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
 # fabric is faster, so the estimate errs long. The latency is the order of an MPI call.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-
 from pathlib import Path
 
 from commbench.backends import BACKEND_DTYPES

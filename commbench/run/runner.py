@@ -11,27 +11,24 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from commbench import backends
-from commbench.core import hoststate
-from commbench.backends import rendezvous
-from commbench.run import launch, suite as suite_mod
-from commbench.benchmarks import get
-from commbench.core.schema import point_key
-from commbench.core.whoami import world_mismatch
-from commbench.store.results import RunDir, Status, base_meta, overall_status
 from commbench.analyse import ceilings
-from commbench.backends import probe
-from commbench.core.errors import RunFailed, UsageError
-from commbench.run.guard import Guard, teardown_bound
-from commbench.run.harness import Harness, repeat_suffix
 from commbench.analyse.ceilings import add_ceiling
 from commbench.analyse.profiles import default_profile_name
-from commbench.run.plan import point_seconds
-from commbench.run.variants import lookup
-from commbench.store.results import RunLock, held_by_my_launcher
-from commbench.backends import mpi_timeloop
+from commbench.backends import mpi_timeloop, probe, rendezvous
+from commbench.benchmarks import get
+from commbench.core import hoststate
+from commbench.core.errors import RunFailed, UsageError
+from commbench.core.schema import point_key
+from commbench.core.whoami import world_mismatch
 from commbench.report.progress import Progress, describe_row
 from commbench.report.terminal import analysis_tables, print_tables
-
+from commbench.run import launch
+from commbench.run import suite as suite_mod
+from commbench.run.guard import Guard, teardown_bound
+from commbench.run.harness import Harness, repeat_suffix
+from commbench.run.plan import point_seconds
+from commbench.run.variants import lookup
+from commbench.store.results import RunDir, RunLock, Status, base_meta, held_by_my_launcher, overall_status
 
 # The loopback probe's share of the watchdog's budget (memcpy and latency, at the start).
 PROBE_BUDGET_S = 30.0

@@ -14,12 +14,21 @@ from commbench.analyse.ceilings import resolve_profile_spec
 from commbench.backends.gpus import check_gpu_path
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg
-from commbench.run import launch, plan as plan_mod, runner, suite as suite_mod
+from commbench.run import launch, runner
+from commbench.run import plan as plan_mod
+from commbench.run import suite as suite_mod
 from commbench.run.launch_variants import capabilities, record_skip, run_variants
 from commbench.run.resume import resume_run, sweep_differences
 from commbench.run.variants import plan as plan_variants
-from commbench.store.results import (RunLock, check_free_space, check_out_dir, held_by_my_launcher, hold_for_launch,
-                                     load_meta, new_run_dir)
+from commbench.store.results import (
+    RunLock,
+    check_free_space,
+    check_out_dir,
+    held_by_my_launcher,
+    hold_for_launch,
+    load_meta,
+    new_run_dir,
+)
 
 
 def run_command(args, argv: list[str], overrides_p: dict) -> int:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from commbench.backends import BACKENDS
+from commbench.benchmarks import Point, get
 from commbench.core.errors import UsageError
 from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
-from commbench.benchmarks import Point, get
 from commbench.run.variants import check_baseline, of_config, parse_suite_variants
 
 TIMING_METHODS = ("back_to_back", "barrier")

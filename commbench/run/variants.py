@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from commbench.analyse.variants import pick_baseline
-from commbench.core.errors import UsageError
 from commbench.backends import BACKENDS
+from commbench.core.errors import UsageError
 
 _OMPI_DYN = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1"}
 

@@ -16,9 +16,18 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
 from commbench.core.errors import UsageError
-from commbench.core.schema import (ROW_FIELDS, ROW_SCHEMA, SCHEMA_VERSION, normalize_row, params_dict,  # noqa: F401
-                                   placement_of, point_key, time_cannot_be)
+from commbench.core.schema import (  # noqa: F401
+    ROW_FIELDS,
+    ROW_SCHEMA,
+    SCHEMA_VERSION,
+    normalize_row,
+    params_dict,
+    placement_of,
+    point_key,
+    time_cannot_be,
+)
 
 ENV_PREFIXES = ("NCCL_", "OMPI_", "UCX_", "MPICH_", "MPIR_", "I_MPI_", "TORCH_")
 

@@ -8,11 +8,11 @@
                          engine driven through jax_ragged_plugin's exchange)
 """
 import numpy as np
+from jax_ragged_plugin import MoEJaxEmulated
 
 from commbench.benchmarks.base import register
 from commbench.benchmarks.collectives import AllGather, AllReduce
 from commbench.benchmarks.moe.host import _no_lap
-from jax_ragged_plugin import MoEJaxEmulated
 
 
 def _on_rank_1_first(x, value):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from commbench.core.whoami import local_ranks
 
 BLOCK = 128          # elements sharing one fp32 scale (DeepSeek-V3's 1x128 blocks)

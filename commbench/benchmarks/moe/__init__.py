@@ -44,13 +44,14 @@ import numpy as np
 
 from commbench import moe as M
 from commbench.core.errors import UsageError
+
 from ..base import Benchmark, Param, Traffic, register
 from .device import DevicePath
 from .engines import engine, has_engine
 from .hierarchical import HierarchicalPath
 from .host import HEADER, HostPath, _no_lap, send_order
-from .low_latency import LowLatencyPath
 from .jax_path import JaxPath, refusal
+from .low_latency import LowLatencyPath
 
 MODES = ("normal", "low_latency")
 PATHS = ("flat", "hierarchical")

@@ -19,6 +19,7 @@ import numpy as np
 
 from commbench import moe as M
 from commbench.moe.accounting import forwarder, hierarchical_rows
+
 from .host import EnginePath, regroup_perm
 
 

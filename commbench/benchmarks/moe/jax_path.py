@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench import moe as M
-from .host import EnginePath, make_x, regroup_perm, token_value
 from commbench.backends import availability
 from commbench.backends.jax_probe import ragged_all_to_all_support
+
+from .host import EnginePath, make_x, regroup_perm, token_value
 
 
 def answer(src, token):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench import moe as M
+
 from .host import EnginePath
 
 

@@ -35,12 +35,12 @@ import shutil
 from pathlib import Path
 
 from commbench.core.errors import UsageError
+
 from ..results import RunDir, Status
 from .nccl_json import parse_nccl_json
 from .nccl_tests import parse_nccl_stdout
 from .osu import OSU_TITLE_RE, parse_osu
-from .rows import (SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, numbered_lines,  # noqa: F401
-                   write_imported_run)
+from .rows import SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, numbered_lines, write_imported_run  # noqa: F401
 
 FORMATS = ("nccl-tests", "nccl-tests-json", "osu")
 _TEXT_PARSERS = {"nccl-tests": parse_nccl_stdout, "osu": parse_osu}

@@ -10,8 +10,18 @@ from __future__ import annotations
 import math
 import re
 
-from .rows import (Notes, benchmark_name, busbw_factor, check_status, err, fnum, make_row, name_from_filename,
-                   numbered_lines, run_meta)
+from .rows import (
+    Notes,
+    benchmark_name,
+    busbw_factor,
+    check_status,
+    err,
+    fnum,
+    make_row,
+    name_from_filename,
+    numbered_lines,
+    run_meta,
+)
 
 # nccl-tests type names -> commbench dtype names.
 _NCCL_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import re
 
-from commbench.core.stats import bandwidths_gbps
-from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, run_meta
 from commbench.benchmarks.overlap import overlap_imb_pct
+from commbench.core.stats import bandwidths_gbps
+
+from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, run_meta
 
 _MPI_DTYPES = {"MPI_CHAR": "uint8", "MPI_BYTE": "uint8", "MPI_SIGNED_CHAR": "int8", "MPI_UNSIGNED_CHAR": "uint8",
                "MPI_INT": "int32", "MPI_FLOAT": "float32", "MPI_DOUBLE": "float64", "MPI_LONG": "int64",

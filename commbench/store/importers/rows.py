@@ -9,13 +9,12 @@ import re
 import time
 from pathlib import Path
 
+from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.core.schema import SCHEMA_VERSION, placement_of, point_key
-from commbench.store.results import RunDir, Status
-from commbench.benchmarks import registry
 from commbench.core.stats import bandwidths_gbps
 from commbench.core.whoami import node_ids
-from commbench.store.results import new_run_dir
+from commbench.store.results import RunDir, Status, new_run_dir
 
 SOURCE_NAMES = {"nccl-tests": "nccl-tests stdout", "nccl-tests-json": "nccl-tests JSON", "osu": "OSU stdout"}
 
