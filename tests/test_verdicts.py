@@ -63,7 +63,7 @@ def test_warned_rows_are_never_the_best_and_repeats_that_disagree_cannot_judge()
     assert v[1] is None and v[4].startswith("cannot judge a speedup") and "3 interleaved repeats" in v[4]
     for r in rows:  # all three repeats agree: judged faster
         if r["variant"] != "ompi-ring" and r["repeat"] == 3:
-            r["time_us_p50"] = 25.0
+            r.update(time_us_p50=25.0, time_us_p90=25.5)
     verdicts, _ = _lines(rows)
     assert verdicts["ompi-recursive-doubling"][1] == 1.5
 
@@ -76,6 +76,10 @@ def test_untrusted_reasons():
     b = [_row("all_reduce", "ompi-ring", 8, 10.0, k) for k in (1, 2)]
     assert faster_at_size(b, [_row("all_reduce", "default", 8, 5.0, k) for k in (1, 2)]) is True
     assert faster_at_size(b, [_row("all_reduce", "default", 8, 20.0, k) for k in (1, 2)]) is False
+    # Both repeats point the same way, but one only inside the spread of its own iterations
+    # (p90 above the baseline's p50): not evidence of a speedup.
+    v = [_row("all_reduce", "default", 8, 5.0, 1), _row("all_reduce", "default", 8, 9.9, 2, time_us_p90=10.5)]
+    assert faster_at_size(b, v) is None
 
 
 def test_overlap_best_is_never_a_warned_or_impossible_row():

@@ -100,10 +100,13 @@ def median_row(rows: list):
 
 def faster_at_size(base_rows: list, var_rows: list) -> bool | None:
     """Is the variant faster than the baseline at one size? Several repeats a side: the
-    repeats paired in order (repeat k of each ran at about the same time when interleaved),
-    True when every pair has the variant faster, False when every pair has it slower, None
-    when the pairs disagree: the spread between repeats is larger than the effect. One
-    run a side: clearly_faster. Rows that cannot be evidence are left out first."""
+    repeats paired in order (repeat k of each ran next to each other: the variants alternate
+    repeat by repeat), True when the variant is clearly faster in every pair (clearly_faster:
+    its p90 below the baseline's p50), False when it is clearly slower in every pair, None
+    otherwise: the spread between repeats, or inside them, is larger than the effect. That a
+    pair merely points the same way is not enough: two repeats of identical settings point
+    the same way half the time. One run a side: clearly_faster. Rows that cannot be evidence
+    are left out first."""
     b = [r for r in base_rows if not untrusted_reason(r)]
     v = [r for r in var_rows if not untrusted_reason(r)]
     if not b or not v:
@@ -111,11 +114,10 @@ def faster_at_size(base_rows: list, var_rows: list) -> bool | None:
     if len(b) > 1 and len(v) > 1:
         b = sorted(b, key=lambda r: int(r.get("repeat") or 1))
         v = sorted(v, key=lambda r: int(r.get("repeat") or 1))
-        ratios = [float(x["time_us_p50"]) / float(y["time_us_p50"]) for x, y in zip(b, v)
-                  if float(y["time_us_p50"]) > 0]
-        if ratios and min(ratios) > 1.0:
+        pairs = list(zip(b, v))
+        if all(clearly_faster(x, y) for x, y in pairs):
             return True
-        if ratios and max(ratios) < 1.0:
+        if all(clearly_faster(y, x) for x, y in pairs):
             return False
         return None
     return clearly_faster(median_row(b), median_row(v))

@@ -98,7 +98,7 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                 lines.append(head + judged)
                 continue
             # A size counts only where both rows may be evidence and the variant is clearly
-            # faster within the run (verdicts.clearly_faster); the rest is noise-level.
+            # faster, in every repeat when there are several (verdicts.faster_at_size).
             wins, split, losses = [], 0, 0
             for s_, x in speed[n]:
                 here_rows = g[g["nbytes"] == s_]
@@ -111,9 +111,9 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
             both = g[g["variant"].isin([n, base]) & g["nbytes"].isin([s_ for s_, _ in speed[n]])]
             bad = sum(1 for r in both.to_dict("records") if untrusted_reason(r))
             nrep = int(both.groupby(["variant", "nbytes"]).size().min())
-            rest = ((f"rests on {nrep} interleaved repeats of each, {len(xs)} sizes: a size counts when every repeat "
-                     f"agrees; at {split} size(s) the spread between repeats was larger than the effect or a row "
-                     f"was unusable") if nrep > 1 else
+            rest = ((f"rests on {nrep} interleaved repeats of each, {len(xs)} sizes: a size counts when the variant "
+                     f"is clearly faster in every repeat (its p90 below the baseline's p50); at {split} size(s) the "
+                     f"spread was larger than the effect or a row was unusable") if nrep > 1 else
                     (f"rests on one run of each, {len(xs)} sizes, the spread inside each run (p90 of the variant "
                      f"below the baseline's p50); run-to-run noise not measured"))
             rest += f"; {bad} row(s) not usable (warning, disturbed or oversubscribed)" if bad else ""
