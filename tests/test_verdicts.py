@@ -228,3 +228,14 @@ def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp
         p = subprocess.run(gate + args + ["--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_the_latency_line_of_a_repeated_run_rests_on_each_points_fastest_repeat():
+    from commbench.report.sections import collective_findings
+
+    rows = [make_row("all_reduce", 2, 8, p50, run="r", repeat=k) for k, p50 in ((1, 9.0), (2, 3.0), (3, 7.5))]
+    rows += [make_row("all_reduce", 2, 1024, 20.0, run="r", repeat=k) for k in (1, 2, 3)]
+    (lat,) = [f for f in collective_findings("all_reduce", pd.DataFrame(rows), False, {"r": 1.0})
+              if f.measure == "small-message latency"]
+    assert "3.000 us at 8 B (n=2; the fastest of 3 repeats, 3.000..9.000 us)" in lat.value, lat.value
+    assert lat.verdict.startswith("3.0x the latency floor") and "the fastest of each point's interleaved repeats" in lat.verdict

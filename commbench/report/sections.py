@@ -4,7 +4,6 @@ line of judgement per finding. html.py renders them as report.md and report.html
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
@@ -20,6 +19,7 @@ from commbench.core.hoststate import host_line
 from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
+from commbench.report.repeat_findings import fastest_repeat, per_repeat, repeat_medians
 from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, rejudge_rows, time_caption
 from commbench.report.variants_view import variant_comparisons
 from commbench.report.viewkit import (
@@ -223,16 +223,19 @@ def collective_findings(bench: str, g, multi_run: bool, floors: dict) -> list[Fi
             return out
         note = excluded_note(small, usable)
         small = small[usable]
+        small, repeated = fastest_repeat(small)
         by = small.sort_values(["run", "world"]).to_dict("records")
         vals = ", ".join(f"{num(r['time_us_p50'])} us" + (f" at {_bytes(r['nbytes'])}" if len(sized) else "")
-                         + f" ({_where(r, multi_run, varies)})" for r in by[:6]) + \
+                         + f" ({_where(r, multi_run, varies)}{r['_spread']})" for r in by[:6]) + \
             (f" and {len(by) - 6} more" if len(by) > 6 else "")
         first = min(by, key=lambda r: int(r["world"]))
         floor = floors.get(first["run"])
+        basis = (f"rests on the fastest of each point's interleaved repeats ({rests_on(small)[9:]})" if repeated else
+                 f"{rests_on(small)}; noise between runs not measured")
         out.append(Finding(bench, name, f"{what}: {vals}{note}",
-                           f"{judge_latency(float(first['time_us_p50']), floor)} ({rests_on(small)}; noise between "
-                           f"runs not measured)"))
+                           f"{judge_latency(float(first['time_us_p50']), floor)} ({basis})"))
     return out
+
 
 
 def check_findings(df) -> list[Finding]:
@@ -291,22 +294,8 @@ def scaling_section(df, figures: dict) -> Section | None:
     figs = [figures["scaling"]] if "scaling" in figures else []
     return Section("Scaling", "weak-scaling efficiency: per-rank throughput at n / at the smallest n (collectives: "
                    "busbw at the largest size measured at several worlds)" + own_metrics_caption(sc), heads, rows, figs,
-                   findings=scaling_findings(sc, views, untrusted_points(df), _per_repeat(df)))
+                   findings=scaling_findings(sc, views, untrusted_points(df), per_repeat(df)))
 
-
-def _per_repeat(df) -> dict:
-    """A `--repeat N` run's scaling table of each repeat apart ({} without repeats): the
-    findings ask whether the repeats agree on the verdict."""
-    if "repeat" not in df.columns or df["repeat"].fillna(1).nunique() < 2:
-        return {}
-    rep = df["repeat"].fillna(1).astype(int)
-    out = {}
-    for k in sorted(rep.unique()):
-        try:
-            out[int(k)] = largest_size(scaling_table(df[rep == k]))
-        except Exception:  # noqa: BLE001 - a table must not sink the report
-            return {}
-    return out
 
 
 def untrusted_points(df) -> dict:
@@ -324,11 +313,11 @@ def untrusted_points(df) -> dict:
     return out
 
 
-def scaling_findings(sc, views, untrusted: dict | None = None, per_repeat: dict | None = None) -> list[Finding]:
+def scaling_findings(sc, views, untrusted: dict | None = None, repeats: dict | None = None) -> list[Finding]:
     """Per benchmark: the efficiency at its largest world, against its smallest, over the
     groups at their largest size; the median judged, the worst named. A group whose rows at
     either world cannot be evidence (oversubscribed, disturbed, warned: untrusted_points)
-    is left out, and said; "cannot judge" when none is left. With repeats (per_repeat: each
+    is left out, and said; "cannot judge" when none is left. With repeats (repeats: each
     repeat's own table), the same median is taken in each repeat: when the repeats' medians
     fall under different words, the spread between repeats is larger than what tells the
     words apart, and the verdict is "cannot judge"."""
@@ -366,7 +355,7 @@ def scaling_findings(sc, views, untrusted: dict | None = None, per_repeat: dict 
         span = f"n={int(top['base_world'].min())} to n={int(top['world'].max())}"
         val = (f"{eff.iloc[0]:.0f}% ({span}, {at})" if len(top) == 1 else
                f"median {eff.median():.0f}% over {len(top)} points ({span}); worst {eff.min():.0f}% at {at}{stage}")
-        reps = _repeat_medians(top, bench, per_repeat or {})
+        reps = repeat_medians(top, bench, repeats or {})
         if len(reps) >= 2:
             lo, hi = min(reps), max(reps)
             basis = (f"{rests_on(top)}, each the median of {len(reps)} interleaved repeats; the repeats' medians "
@@ -381,23 +370,6 @@ def scaling_findings(sc, views, untrusted: dict | None = None, per_repeat: dict 
                            f"measured)"))
     return out
 
-
-def _repeat_medians(top, bench: str, per_repeat: dict) -> list[float]:
-    """The median efficiency over top's groups (same keys and worlds) in each repeat's table."""
-    from commbench.analyse.analysis import SCALING_KEYS
-
-    keys = [k for k in ("run", *SCALING_KEYS, "world", "base_world") if k in top.columns]
-    want = {tuple(text(r.get(k)) for k in keys) for r in top.to_dict("records")}
-    meds = []
-    for t in per_repeat.values():
-        if t is None or t.empty:
-            continue
-        t = t[t["benchmark"] == bench]
-        e = [float(r["efficiency_pct"]) for r in t.to_dict("records")
-             if tuple(text(r.get(k)) for k in keys) in want]
-        if e:
-            meds.append(float(statistics.median(e)))
-    return meds
 
 
 def fit_section(df) -> Section | None:
