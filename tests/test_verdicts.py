@@ -116,6 +116,11 @@ def test_overlap_with_repeats_rests_on_the_lowest_repeat_and_cannot_judge_across
     (f,) = findings(pd.DataFrame(rows))
     assert f.value.startswith("best 85% at 1M (the lowest of 3 repeats; they spread 85..92%)"), f.value
     assert f.verdict.startswith("communication hidden behind the compute") and "lowest of their interleaved" in f.verdict
+    # Two points of one size, told apart by the parameter that varies.
+    rows = [ov(1 << 20, x, k + 1) for k, x in enumerate((90.0, 92.0, 85.0))] + \
+           [ov(1 << 20, x, k + 1, polls=8) for k, x in enumerate((99.0, 40.0, 97.0))]
+    (f,) = findings(pd.DataFrame(rows))
+    assert f.value.startswith("best 85% at 1M polls=0 (the lowest of 3 repeats"), f.value
     # Now 1M's repeats disagree across 80 %: 95 70 96.
     rows = [ov(1 << 20, x, k + 1) for k, x in enumerate((95.0, 70.0, 96.0))] + \
            [ov(4 << 20, x, k + 1) for k, x in enumerate((50.0, 40.0, 45.0))]

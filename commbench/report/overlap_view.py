@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from commbench.analyse.verdicts import cannot_judge, excluded_note, rests_on, trusted_mask
-from commbench.core.schema import has
+from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
 from commbench.report.viewkit import (
     ALWAYS,
@@ -143,10 +143,18 @@ def findings(o) -> list:
             continue
         best = good.loc[gp.idxmax()]
         out.append(Finding(text(best.get("benchmark")), f"OSU overlap ({who})",
-                           f"best {fmt(gp.max(), 0)}% at {fmt_size(int(best['nbytes']))}; "
+                           f"best {fmt(gp.max(), 0)}% at {_point(best, good)}; "
                            f"{fmt(gp.min(), 0)}% at the worst of {len(good)} usable rows{note}",
                            f"{judge_overlap(float(gp.max()))} ({rests_on(good)}; noise between runs not measured)"))
     return out
+
+
+def _point(row, rows) -> str:
+    """A point as a finding names it: its size, and the parameters that vary among the rows
+    judged with it ("1M polls=8"), so that a size measured several ways is not ambiguous."""
+    p = params_dict(row.get("params"))
+    vary = [k for k in varying_params(rows["params"]) if k in p] if "params" in rows.columns else []
+    return " ".join([fmt_size(int(row["nbytes"]))] + [f"{k}={p[k]}" for k in vary])
 
 
 def _repeated_finding(good, gp, who: str, note: str) -> Finding:
@@ -161,14 +169,14 @@ def _repeated_finding(good, gp, who: str, note: str) -> Finding:
 
     recs = good.to_dict("records")
     key = [f"{int(r['nbytes'])}|{params_key(r.get('params'))}" for r in recs]
-    size_of = {k: int(r["nbytes"]) for k, r in zip(key, recs)}
+    row_of = dict(zip(key, recs))
     by = gp.groupby(pd.Index(key, name="point"))
     low, high, n = by.min(), by.max(), by.size()
     point = low.idxmax()
-    at = (size_of[point],)
+    at = _point(row_of[point], good)
     lo, hi, reps = float(low[point]), float(high[point]), int(n[point])
     bench = text(good.iloc[0].get("benchmark"))
-    value = (f"best {fmt(lo, 0)}% at {fmt_size(at[0])} (the lowest of {reps} repeats; they spread "
+    value = (f"best {fmt(lo, 0)}% at {at} (the lowest of {reps} repeats; they spread "
              f"{fmt(lo, 0)}..{fmt(hi, 0)}%); {fmt(low.min(), 0)}% at the worst of {len(low)} points{note}")
     basis = f"rests on {len(good)} row(s): {len(low)} point(s), the lowest of their interleaved repeats"
     if reps < 2:
@@ -176,7 +184,7 @@ def _repeated_finding(good, gp, who: str, note: str) -> Finding:
                        f"{judge_overlap(lo)} ({basis}; one usable repeat at the best point)")
     if judge_overlap(lo) != judge_overlap(hi):
         return Finding(bench, f"OSU overlap ({who})", value,
-                       f"cannot judge the overlap: its repeats at {fmt_size(at[0])} spread {fmt(lo, 0)}..{fmt(hi, 0)}%, "
+                       f"cannot judge the overlap: its repeats at {at} spread {fmt(lo, 0)}..{fmt(hi, 0)}%, "
                        f"across the bounds of the verdicts (30 %, 80 %) ({basis})")
     return Finding(bench, f"OSU overlap ({who})", value, f"{judge_overlap(lo)} ({basis})")
 
