@@ -238,10 +238,3 @@ def test_variants_with_repeats_alternate_repeat_by_repeat_and_a_lost_launch_resu
     assert sorted((x["variant"], x["repeat"], x["nbytes"]) for x in rows) == sorted(
         (v, k, n) for v in ("default", "ompi-ring") for k in (1, 2) for n in (8, 65536))
     assert json.loads((out / "meta.json").read_text())["status"] == "complete"
-
-
-def test_repeat_of_reads_the_command_line():
-    from commbench.run.launch_variants import repeat_of
-
-    assert repeat_of(["run", "x", "--repeat", "3"]) == 3 and repeat_of(["--repeat=4"]) == 4
-    assert repeat_of(["run", "x"]) == 1

@@ -163,22 +163,17 @@ def _repeated_finding(good, gp, who: str, note: str) -> Finding:
     one whose lowest repeat is highest. When its repeats spread across the bounds of the
     words (80 %, 30 %), the spread between repeats is larger than what tells the words apart:
     cannot judge, and the range says why."""
-    import pandas as pd
-
-    from commbench.analyse.analysis import params_key
-
-    recs = good.to_dict("records")
-    key = [f"{int(r['nbytes'])}|{params_key(r.get('params'))}" for r in recs]
-    row_of = dict(zip(key, recs))
-    by = gp.groupby(pd.Index(key, name="point"))
-    low, high, n = by.min(), by.max(), by.size()
-    point = low.idxmax()
-    at = _point(row_of[point], good)
-    lo, hi, reps = float(low[point]), float(high[point]), int(n[point])
+    # A point is its size and the parameters that vary among these rows (_point's name).
+    vals: dict = {}
+    for r, pct in zip(good.to_dict("records"), gp.astype(float)):
+        vals.setdefault(_point(r, good), []).append(pct)
+    at = max(vals, key=lambda k: min(vals[k]))
+    lo, hi, reps = min(vals[at]), max(vals[at]), len(vals[at])
+    worst = min(min(v) for v in vals.values())
     bench = text(good.iloc[0].get("benchmark"))
     value = (f"best {fmt(lo, 0)}% at {at} (the lowest of {reps} repeats; they spread "
-             f"{fmt(lo, 0)}..{fmt(hi, 0)}%); {fmt(low.min(), 0)}% at the worst of {len(low)} points{note}")
-    basis = f"rests on {len(good)} row(s): {len(low)} point(s), the lowest of their interleaved repeats"
+             f"{fmt(lo, 0)}..{fmt(hi, 0)}%); {fmt(worst, 0)}% at the worst of {len(vals)} points{note}")
+    basis = f"rests on {len(good)} row(s): {len(vals)} point(s), the lowest of their interleaved repeats"
     if reps < 2:
         return Finding(bench, f"OSU overlap ({who})", value,
                        f"{judge_overlap(lo)} ({basis}; one usable repeat at the best point)")

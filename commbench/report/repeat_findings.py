@@ -45,7 +45,8 @@ def fastest_repeat(rows):
     Rows without repeats come back as they are."""
     if "repeat" not in rows.columns or rows["repeat"].fillna(1).nunique() < 2:
         return rows.assign(_spread=""), False
-    keys = [k for k in ("run", "world", "nbytes", "variant", "placement", "dtype", "stage") if k in rows.columns]
+    keys = [k for k in ("run", "world", "nbytes", "variant", "placement", "dtype", "params", "stage")
+            if k in rows.columns]
     group = rows[keys].astype(str).agg("|".join, axis=1)
     keep, spread = [], {}
     for _, g in rows.groupby(group, sort=False):

@@ -73,9 +73,10 @@ def capabilities(backend: str, device: str, probe: bool = True) -> tuple[str, di
     return flavor, caps
 
 
-def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str, cfg) -> int:
+def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str, cfg, repeat: int = 1) -> int:
     """Launch each runnable variant of the plan (variants.plan) on np_ local ranks, one
-    launch each, into one run directory; then the side-by-side report."""
+    launch each, into one run directory; then the side-by-side report. repeat: the run's
+    `--repeat N`; with several variants they then alternate repeat by repeat."""
     skipped, library, status = {}, {}, 0
     runnable = []
     for v, why in vplan.entries:
@@ -86,7 +87,6 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
             runnable.append(v)
     # With repeats, the variants alternate repeat by repeat (A B A B ...): a slow stretch of
     # the host then lands on one repeat of each variant, not on every repeat of one.
-    repeat = repeat_of(child_argv)
     rounds = range(1, repeat + 1) if repeat > 1 and len(runnable) > 1 else [None]
     stopped = False
     for rep in rounds:
@@ -122,19 +122,6 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
         # skipped ones were announced above; a baseline that did not run leaves the choice to the report
         variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
     return status
-
-
-def repeat_of(argv: list[str]) -> int:
-    """`--repeat N` of a run's command line (1 when absent; the parser has checked it)."""
-    for i, a in enumerate(argv):
-        try:
-            if a == "--repeat":
-                return max(1, int(argv[i + 1]))
-            if a.startswith("--repeat="):
-                return max(1, int(a.split("=", 1)[1]))
-        except (IndexError, ValueError):
-            return 1
-    return 1
 
 
 def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: list[str], out: str,

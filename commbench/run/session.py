@@ -138,7 +138,7 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
         if args.variant is None and vplan.names == ["default"]:
             return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s)
-        return run_variants(vplan, args.np, backend, child, out, cfg)
+        return run_variants(vplan, args.np, backend, child, out, cfg, args.repeat)
     if len(vplan.entries) > 1:
         raise UsageError(f"suite {cfg.name} has {len(vplan.entries)} variants and NCCL/MPI read their settings once "
                          f"per process: run one per launch with --variant NAME (`make inswitch` loops over them)")
