@@ -368,6 +368,23 @@ def test_runs_with_repeats_are_judged_on_each_runs_fastest_repeat():
     assert "3 base, 1 new: the side with more is favoured" in note
 
 
+def test_a_change_within_the_spread_of_a_runs_repeats_cannot_be_judged():
+    """Every run's repeats move 2.5x between two speeds (two of three slow), on both sides; the
+    runs' fastest repeats differ by a steady 20 %. The t-test alone calls that slower; the
+    repeats say that the host moved the point by far more than the change within each run, so
+    it is "cannot judge" and does not fail the gate. A change larger than that spread is
+    still called."""
+    from commbench.analyse.compare import exit_status
+
+    modes = {(i, k): 2.5 for i in (1, 2, 3) for k in (2, 3)}
+    df = compare_runs(_repeated("a", 3, 3, 1.0, modes), _repeated("p", 3, 3, 1.2, modes))
+    assert set(df["verdict"]) == {"cannot judge"}
+    assert df["caveat"].str.startswith("slower? the repeats within a run spread +-").all()
+    assert exit_status(df, fail_on_regression=True) == 0
+    df = compare_runs(_repeated("a", 3, 3, 1.0, modes), _repeated("p", 3, 3, 3.0, modes))
+    assert set(df["verdict"]) == {"slower"}
+
+
 def test_one_run_a_side_with_repeats_counts_each_repeat_as_a_run():
     df = compare_runs(_repeated("a", 1, 3, 1.0), _repeated("b", 1, 3, 1.0))
     assert set(df["base_runs"]) == {3} and set(df["new_runs"]) == {3}

@@ -156,3 +156,41 @@ def test_compiled_timing_loop_results_and_fallback(built, tmp_path, enabled):
     for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"):
         assert lines[name] == want, p.stdout
     assert lines["status"].startswith("compiled: " if enabled == "1" else "python loop: "), p.stdout
+
+
+_PLANT_SCRIPT = r"""
+from mpi4py import MPI
+from commbench.backends.mpi import MpiComm
+from commbench.benchmarks import Point, get
+from commbench.run import plant
+
+cb = MpiComm(MPI.COMM_WORLD, "cpu")
+bench = get("all_reduce")
+point = Point("all_reduce", cb.size, "float32", 4096)
+bufs = bench.setup(cb, point)
+bench.fill(cb, bufs)
+op = bench.op(cb, bufs)
+slowed = plant.wrap(op, 100.0, cb)
+spin = slowed.compiled_loop.spin_s
+t = cb.time_ops(slowed, 20)
+ok = bench.check(cb, bufs)
+if cb.rank == 0:
+    print("same", plant.wrap(op, 0.0, cb) is op)
+    print("compiled", hasattr(slowed, "compiled_loop"))
+    print("spin_ok", spin > 0 and bool((t >= spin).all()))
+    print("check", ok)
+"""
+
+
+@needs_mpi
+def test_a_planted_slowdown_spins_inside_the_compiled_loop(built, tmp_path):
+    """The regression gate's hook (run/plant.py) keeps the compiled loop: the spin (100 % of the
+    op's median here) runs inside every timed call, the collective's result stays right, and
+    at 0 % the op is returned as it is, so the other side times the same loop."""
+    script = tmp_path / "plant.py"
+    script.write_text(_PLANT_SCRIPT)
+    env = dict(os.environ, COMMBENCH_CACHE=str(tmp_path / "cache"))
+    p = subprocess.run(_mpirun(sys.executable, script), capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in p.stdout.strip().splitlines())
+    assert lines == {"same": "True", "compiled": "True", "spin_ok": "True", "check": "True"}, p.stdout

@@ -136,7 +136,11 @@ def test_repeat_measures_each_point_n_times_interleaved_and_compare_judges_betwe
         p = run_cli("run", "quick", "--np", 2, "--worlds", 2, "-b", "all_reduce", "--sizes", "8,1K", "--iters", 20,
                     "--repeat", 3, "--out", out, timeout=240)
         assert p.returncode == 0, p.stderr[-2000:]
+        # Each repeat in fresh processes: what a process keeps for its life is not shared.
+        assert all(f"repeat {k} of 3: a launch of its own" in p.stdout for k in (1, 2, 3)), p.stdout[-2000:]
         outs.append(out)
+    meta = json.loads((outs[0] / "meta.json").read_text())
+    assert meta["status"] == "complete" and "reason" not in meta["variants"]["default"]
     rows = [json.loads(x) for x in open(outs[0] / "rows.jsonl")]
     # Every point once, then every point again: 8 1K 8 1K 8 1K.
     assert [(r["nbytes"], r["repeat"]) for r in rows] == [(8, 1), (1024, 1), (8, 2), (1024, 2), (8, 3), (1024, 3)]

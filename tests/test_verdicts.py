@@ -218,8 +218,10 @@ def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp
     from conftest import ROOT
 
     gate = [sys.executable, str(ROOT / "tools" / "ab_gate.py")]
+    named = "all_reduce:float32:4096,all_reduce:float32:16384,all_reduce:float32:65536,all_reduce:float16:512"
     p = subprocess.run(gate + ["--rounds", "1", "--sizes", "4096,16384,65536", "--dtypes", "float32",
-                               "--run-repeat", "2", "--min-time-ms", "5", "--out", str(tmp_path / "g")],
+                               "--planted", named, "--run-repeat", "2", "--min-time-ms", "5",
+                               "--out", str(tmp_path / "g")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode in (0, 1), p.stderr[-2000:]
     (rec,) = [json.loads(x) for x in open(tmp_path / "g" / "rounds.jsonl")]
@@ -227,9 +229,11 @@ def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp
     assert sorted(rec["order"]) == sorted(f"{s}{i}" for s in "ABP" for i in (1, 2, 3))
     assert set(rec["planted_found"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
                                          "all_reduce:float32:65536"}
+    assert set(rec["planted_cannot_judge"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
+                                                "all_reduce:float32:65536"}
     assert "planted 20 % on 3 points" in p.stdout and (tmp_path / "g" / "round01" / "planted.csv").is_file()
     for args, words in ((["--sizes", "8,16"], "no planted point"), (["--sizes", "x"], "--sizes"),
-                        (["--rounds", "0"], "--rounds")):
+                        (["--rounds", "0"], "--rounds"), (["--planted", "all_reduce:float32"], "--planted")):
         p = subprocess.run(gate + args + ["--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)

@@ -12,7 +12,9 @@ each run's own interval is a few per cent wide. So:
   (_judge_between_runs; between_runs is the point-alone Welch interval). A change counts only when
   1. |ratio - 1| exceeds the threshold (default 5 %), the smallest change worth a line, and
   2. it survives Benjamini-Hochberg at FDR_Q over all the points judged so, which holds the
-     chance that identical code is called changed anywhere in a sweep at FDR_Q.
+     chance that identical code is called changed anywhere in a sweep at FDR_Q, and
+  3. for runs made with `run --repeat N`, it is larger than the spread of the point's
+     repeats within a run (repeat_spreads): otherwise "cannot judge" (_spread_guard).
 * A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
   is "cannot judge", not "slower"/"faster".
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
@@ -272,6 +274,47 @@ def fold_repeats(base_df, new_df):
     return out[0], out[1], note
 
 
+def repeat_spreads(df) -> dict:
+    """key -> the spread of each run's repeats of that point: the standard deviation of log p50
+    over the run's repeats (a run with one repeat adds nothing). Repeats of one run are
+    interleaved over the whole run (run --repeat N), so this is how far the host moved the
+    point in the seconds between them: on a VM whose cores change speed in stretches of
+    seconds it is 30-70 % at some points and 3-9 % at others."""
+    out: dict = {}
+    if df is None or not len(df) or "repeat" not in df.columns:
+        return out
+    per: dict = {}
+    for r in df.to_dict("records"):
+        p50 = _num(r.get("time_us_p50"))
+        if p50 > 0 and math.isfinite(p50):
+            per.setdefault((_key(r), _blank(r.get("run"))), []).append(math.log(p50))
+    for (key, _), logs in per.items():
+        if len(logs) > 1:
+            mu = sum(logs) / len(logs)
+            out.setdefault(key, []).append(math.sqrt(sum((x - mu) ** 2 for x in logs) / (len(logs) - 1)))
+    return out
+
+
+def _spread_guard(out: list, spreads: dict) -> None:
+    """A change no larger than the spread of the repeats within a run is "cannot judge": the
+    host moved that point by as much between the repeats of one run as the sides differ by,
+    and three runs a side that all caught (or all missed) a slow stretch at a range of sizes
+    read as a change to the t-test. The spread: the median over both sides' runs of each run's
+    repeats' standard deviation of log p50 (repeat_spreads)."""
+    for row in out:
+        if row["only_in"] or row["verdict"] not in ("slower", "faster"):
+            continue
+        sd = spreads.get(tuple(row[k] for k in KEYS))
+        if not sd:
+            continue
+        m = sorted(sd)
+        med = (m[(len(m) - 1) // 2] + m[len(m) // 2]) / 2
+        if med >= abs(math.log(row["ratio"])):
+            row.update(verdict="cannot judge",
+                       caveat=f"{row['verdict']}? the repeats within a run spread +-{(math.exp(med) - 1) * 100:.0f} % "
+                              f"(median of {len(m)} runs), not less than the change ({row['change_pct']:+.0f} %)")
+
+
 def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     """One row per point of either side, matched on KEYS. Each frame holds one run or
     several (its `run` column tells them apart).
@@ -297,7 +340,13 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
 
     if not threshold_pct >= 0:
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
+    spreads = {}
+    for side in (repeat_spreads(base_df), repeat_spreads(new_df)):
+        for k, v in side.items():
+            spreads.setdefault(k, []).extend(v)
     base_df, new_df, fold_note = fold_repeats(base_df, new_df)
+    if fold_note.startswith("one run a side"):
+        spreads = {}  # the repeats are the runs there: the t-test is judged on their spread already
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
     out = []
@@ -344,6 +393,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
                    busbw_change_pct=(nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan)
         out.append(row)
     _judge_between_runs(out, pending, thr)
+    _spread_guard(out, spreads)
     # A change resting on a row that ran disturbed or oversubscribed is not called: the
     # host, not the code, may have made it.
     bad = {**_untrusted(new_df), **_untrusted(base_df)}

@@ -55,9 +55,11 @@ static inline double cb_now(void)
 
 /* kind: 0 Allreduce, 1 Reduce_scatter_block, 2 Allgather, 3 Alltoall, 4 Bcast, 5 Sendrecv.
  * scount/rcount: the counts each call takes; arg: root (Bcast) or peer (Sendrecv).
- * times[i]: seconds of iteration i. Returns the first MPI error code, 0 when none. */
+ * spin_s: seconds to spin after each call, inside its timed window (0: none; the regression
+ * gate's planted slowdown, run/plant.py). times[i]: seconds of iteration i. Returns the first
+ * MPI error code, 0 when none. */
 int cb_time_ops(int kind, void *send, void *recv, int scount, int rcount, MPI_Fint fdtype, MPI_Fint fop,
-                int arg, MPI_Fint fcomm, long iters, int barrier_each, double *times)
+                int arg, MPI_Fint fcomm, long iters, int barrier_each, double spin_s, double *times)
 {
     MPI_Comm comm = MPI_Comm_f2c(fcomm);
     MPI_Datatype dt = MPI_Type_f2c(fdtype);
@@ -74,6 +76,10 @@ int cb_time_ops(int kind, void *send, void *recv, int scount, int rcount, MPI_Fi
         case 5: rc = MPI_Sendrecv(send, scount, dt, arg, 0, recv, rcount, dt, arg, 0, comm, MPI_STATUS_IGNORE);
                 break;
         default: return -1;
+        }
+        if (spin_s > 0) {
+            double end = cb_now() + spin_s;
+            while (cb_now() < end) {}
         }
         times[i] = cb_now() - t0;
         if (rc) return rc;
@@ -168,7 +174,8 @@ def load(MPI):
             fn = lib.cb_time_ops
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_double,
+                           ctypes.c_void_p]
         except (OSError, subprocess.SubprocessError) as e:
             why = f"{mpicc}: {e}"
             continue
@@ -183,10 +190,15 @@ class _Loop:
     MoE dispatch prepares an all_to_all inside its timed count exchange); the addresses
     and handles are read on the first timed run."""
 
-    __slots__ = ("fn", "MPI", "spec", "args")
+    __slots__ = ("fn", "MPI", "spec", "args", "spin_s")
 
-    def __init__(self, fn, MPI, spec):
-        self.fn, self.MPI, self.spec, self.args = fn, MPI, spec, None
+    def __init__(self, fn, MPI, spec, spin_s: float = 0.0):
+        self.fn, self.MPI, self.spec, self.args, self.spin_s = fn, MPI, spec, None, float(spin_s)
+
+    def with_spin(self, spin_s: float) -> "_Loop":
+        """The same loop with a spin of spin_s seconds after each call, inside its timed
+        window (run/plant.py: the regression gate's planted slowdown)."""
+        return _Loop(self.fn, self.MPI, self.spec, spin_s)
 
     def __call__(self, iters: int, barrier_each: bool = False) -> np.ndarray:
         times = np.empty(int(iters), dtype=np.float64)
@@ -197,7 +209,7 @@ class _Loop:
             dtype = MPI._typedict[send.dtype.char]
             self.args = (KINDS[kind], send.ctypes.data, recv.ctypes.data if recv is not None else None, int(scount),
                          int(rcount), dtype.py2f(), (mpi_op or MPI.OP_NULL).py2f(), int(arg), comm.py2f())
-        rc = self.fn(*self.args, times.size, int(bool(barrier_each)), times.ctypes.data)
+        rc = self.fn(*self.args, times.size, int(bool(barrier_each)), self.spin_s, times.ctypes.data)
         if rc:
             raise self.MPI.Exception(rc) if rc > 0 else RuntimeError(f"mpi_timeloop: error {rc}")
         return times

@@ -85,9 +85,15 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
             skipped[v.name] = why
         else:
             runnable.append(v)
-    # With repeats, the variants alternate repeat by repeat (A B A B ...): a slow stretch of
-    # the host then lands on one repeat of each variant, not on every repeat of one.
-    rounds = range(1, repeat + 1) if repeat > 1 and len(runnable) > 1 else [None]
+    # With repeats, every repeat is a launch of its own, and several variants alternate
+    # repeat by repeat (A B A B ...): a slow stretch of the host then lands on one repeat of
+    # each variant, not on every repeat of one. Why a launch each: what a process keeps for
+    # its life -- where the MPI library's shared-memory segment landed, which cores its ranks
+    # got -- can hold a point at one of several speeds for the whole process (on a 2-core VM a
+    # float32 16 KiB all_reduce ran at 7.8 us in some launches and 10.2 us in others, every
+    # repeat alike); repeats in one process would all share it, as repeats in fresh ones do
+    # not (pyperf runs its benchmarks in many worker processes for the same reason).
+    rounds = range(1, repeat + 1) if repeat > 1 and runnable else [None]
     stopped = False
     for rep in rounds:
         for v in runnable:
@@ -98,8 +104,11 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
                 env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="TUNING",
                            NCCL_DEBUG_FILE=f"{out}/nccl-debug-{v.name}.%h.%p.log")
             shown = " ".join(f"{k}={x}" for k, x in v.env.items()) or "(no settings)"
-            print(f"variant {v.name}{f' (repeat {rep} of {repeat})' if rep else ''}: {v.description}: {shown}",
-                  flush=True)
+            if len(vplan.entries) > 1:
+                print(f"variant {v.name}{f' (repeat {rep} of {repeat})' if rep else ''}: {v.description}: {shown}",
+                      flush=True)
+            elif rep:
+                print(f"repeat {rep} of {repeat}: a launch of its own", flush=True)
             rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env,
                                     timeout_s=cfg.timeout_s)
             if v.name not in library:
@@ -120,7 +129,8 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
         df = load(out)
         ran = set(df["variant"]) if "variant" in df else set()
         # skipped ones were announced above; a baseline that did not run leaves the choice to the report
-        variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
+        if len(vplan.entries) > 1:  # one variant (a plain run with repeats): its launches printed its tables
+            variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
     return status
 
 

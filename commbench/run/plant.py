@@ -6,9 +6,10 @@ COMMBENCH_PLANT_DELAY_PCT=20 makes each of their operations last 20 % longer: af
 every rank spins (not sleeps: a sleep wakes up tens of microseconds late) for 20 % of the op's
 median time, measured once before the point and agreed across ranks. The same spin on every
 rank keeps the ranks in step; a spin sized by each op's own time would include the wait for a
-slower peer and turn every wait into a new one. A named point runs through the Python timing loop (the wrapper has no compiled
-loop), so a fair A/B plants the same points at 0 % on the other side: the delay is then the
-only difference. Unset, nothing is wrapped and nothing costs anything."""
+slower peer and turn every wait into a new one. Where the op has the MPI backend's compiled
+timing loop the spin runs inside it (mpi_timeloop: spin_s), so a planted point is timed like
+any other; elsewhere the Python loop times a wrapper, and a fair A/B plants the same points at
+0 % on the other side, which pays the wrapper's call too. Unset, nothing is wrapped and nothing costs anything."""
 from __future__ import annotations
 
 import os
@@ -41,12 +42,19 @@ def planted_pct(point) -> float | None:
 
 def wrap(op, pct: float, comm):
     """op, followed by a spin of pct per cent of its median time (collective over comm: every
-    rank times a few ops and they agree on the slowest rank's median)."""
+    rank times a few ops and they agree on the slowest rank's median).
+
+    An op with a compiled timing loop (the MPI backend's plain collectives) keeps it: the spin
+    runs in that C loop, inside each call's timed window, so a planted point is timed by the
+    same loop as every other point of the sweep and the spin is the only difference. At 0 %
+    such an op is returned as it is."""
+    compiled = getattr(op, "compiled_loop", None)
     if pct == 0:
-        return lambda: op()  # the same loop as a planted point, without the spin
+        # The Python loop's wrapper costs a call: the unplanted side pays it too.
+        return op if compiled is not None else (lambda: op())
     clock = time.perf_counter
     comm.barrier()
-    t = comm.time_ops(lambda: op(), 50)
+    t = compiled(50, False) if compiled is not None else comm.time_ops(lambda: op(), 50)
     delay_s = float(comm.max_over_ranks(np.array([float(np.median(t))]))[0]) * pct / 100.0
 
     def slowed():
@@ -54,4 +62,6 @@ def wrap(op, pct: float, comm):
         end = clock() + delay_s
         while clock() < end:
             pass
+    if compiled is not None:
+        slowed.compiled_loop = compiled.with_spin(delay_s)
     return slowed

@@ -355,7 +355,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
             # leaves a run that --resume completes.
             rd.variant(ctx.variant.name).update(
                 status=Status.INTERRUPTED.value,
-                reason=f"repeat {upto} of {ctx.repeat} done; the variants alternate repeat by repeat")
+                reason=f"repeat {upto} of {ctx.repeat} done; each repeat is a launch of its own")
+        elif str(rd.variant(ctx.variant.name).get("reason", "")).startswith("repeat "):
+            rd.variant(ctx.variant.name).pop("reason")  # the last repeat is in: nothing is left unfinished
         if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
             rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
             # Each variant is a launch of its own into the run: count each one's, and their sum.

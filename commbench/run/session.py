@@ -136,8 +136,9 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         if not args.backend:
             child += ["--backend", backend]
         lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
-        if args.variant is None and vplan.names == ["default"]:
+        if args.variant is None and vplan.names == ["default"] and args.repeat <= 1:
             return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s)
+        # Repeats, like variants, each in a launch of their own (run_variants): see there why.
         return run_variants(vplan, args.np, backend, child, out, cfg, args.repeat)
     if len(vplan.entries) > 1:
         raise UsageError(f"suite {cfg.name} has {len(vplan.entries)} variants and NCCL/MPI read their settings once "
