@@ -80,7 +80,7 @@ def test_a_real_twofold_change_is_found_through_the_drift(scale, verdict):
     inside = (df["change_lo_pct"] < (df["ratio"] - 1) * 100) & ((df["ratio"] - 1) * 100 < df["change_hi_pct"])
     assert inside.all()
     assert all(b.startswith("between runs: t on log p50, 3 vs 3 runs, spread pooled over neighbouring sizes")
-               and "(BH)" in b for b in df["basis"])
+               and "(BH, one-sided)" in b for b in df["basis"])
 
 
 def test_between_run_interval_is_welch_on_log_p50():
@@ -257,8 +257,9 @@ def _sweep(rng, pts, runs, sigma, scale):
 def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_side():
     """Simulation of the regression gate: 100 points in 4 series (a benchmark's sizes),
     run-to-run scatter lognormal 4 % (per point; a quiet loopback's middle sizes), 3 runs a
-    side. Identical code: a sweep calls anything at all in at most 5 % of the sweeps (plus
-    binomial slack over 200 sweeps). A 20 % slowdown planted on 10 points: at least 90 % of
+    side. Identical code: a sweep calls anything slower in at most 5 % of the sweeps (plus
+    binomial slack over 200 sweeps), and anything at all, slower or faster (two one-sided
+    families), in at most 10 %. A 20 % slowdown planted on 10 points: at least 90 % of
     the sweeps flag it somewhere (the gate fails), the planted points are found at >= 80 %,
     and others are called at most ~1 per sweep. Judging each point on its own at 95 % (the
     per-point rule compare used before) calls something in most identical sweeps."""
@@ -275,11 +276,12 @@ def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_sid
             rows += [_row(s, _true_us(s) * x, f"{name}{i + 1}", bench=b) for s, x, b in zip(sizes, f, benches)]
         return pd.DataFrame(rows)
 
-    any_same = found = other = gate = 0
+    any_same = slower_same = found = other = gate = 0
     per_point_any = 0
     for _ in range(sweeps):
         same = compare_runs(frame(_sweep(rng, pts, 3, 0.04, 1.0), "a"), frame(_sweep(rng, pts, 3, 0.04, 1.0), "b"))
         any_same += (same["verdict"] != "not significant").any()
+        slower_same += (same["verdict"] == "slower").any()
         # The per-point rule: each point's own ~95 % interval excludes no change.
         per_point_any += ((same["change_lo_pct"].abs() > 0) & (np.sign(same["change_lo_pct"])
                                                                  == np.sign(same["change_hi_pct"]))).any()
@@ -291,7 +293,8 @@ def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_sid
         found += int(called[key.isin(want)].sum())
         other += int((df["verdict"] != "not significant")[~key.isin(want)].sum())
         gate += bool(called.any())
-    assert any_same / sweeps <= 0.05 + 2.0 * math.sqrt(0.05 * 0.95 / sweeps)
+    assert slower_same / sweeps <= 0.05 + 2.0 * math.sqrt(0.05 * 0.95 / sweeps)
+    assert any_same / sweeps <= 0.10 + 2.0 * math.sqrt(0.10 * 0.90 / sweeps)
     assert gate / sweeps >= 0.9
     assert found / (10 * sweeps) >= 0.8
     assert other / sweeps <= 1.0

@@ -46,7 +46,7 @@ REPEAT_HINT = "repeat each side (compare A1 A2 A3 -- B1 B2 B3) to judge on the s
 # at this level (Benjamini-Hochberg); with no change anywhere, the chance of any call at all.
 FDR_Q = 0.05
 # Neighbouring sizes (each side) whose run-to-run spread a point's judgement pools (stats.pooled_spread).
-POOL_WINDOW = 2
+POOL_WINDOW = 3
 
 
 def _log_sides(base_p50s, new_p50s):
@@ -64,11 +64,15 @@ def _judge_between_runs(out: list, pending: list, thr: float) -> None:
 
     Each point: the difference of the sides' mean log p50 (the log of the ratio of their
     geometric means), over the run-to-run variance pooled with its neighbouring sizes
-    (stats.pooled_spread) -- a t statistic with the pooled degrees of freedom, its two-sided
-    p-value and ~95 % interval. Then the p-values of all these points together through
-    Benjamini-Hochberg (stats.bh_adjust): a point is "slower"/"faster" when its q-value is at
-    most FDR_Q AND the change passes the threshold. Judging each of 100 points at 5 % calls
-    about 5 of them in a sweep of identical code; this calls any at most 5 % of the time."""
+    (stats.pooled_spread) -- a t statistic with the pooled degrees of freedom and its ~95 %
+    interval. Slower and faster are two questions, each with its own one-sided p-values
+    through Benjamini-Hochberg (stats.bh_adjust) over all these points: a point is "slower"
+    when its q-value for slower is at most FDR_Q AND the change passes the threshold (and
+    "faster" alike). Judging each of 100 points at 5 % calls about 5 of them in a sweep of
+    identical code; this calls any of them slower at most 5 % of the time -- the promise a
+    regression gate needs -- and any of them faster at most 5 % of the time. A two-sided test
+    would spend half of that on the direction the gate does not ask about. p_value and
+    q_value are those of the direction the change points to."""
     if not pending:
         return
     groups = [tuple(k for i, k in enumerate(key) if KEYS[i] != "nbytes") for _, key, _ in pending]
@@ -88,30 +92,33 @@ def _judge_between_runs(out: list, pending: list, thr: float) -> None:
         lb, ln = pending[j][2]
         d = sum(ln) / len(ln) - sum(lb) / len(lb)
         if not (df[pos] > 0 and var[pos] > 0):
-            stat[j] = (d, math.nan, math.nan, 0.0)
+            stat[j] = (d, math.nan, (math.nan, math.nan), 0.0)
             continue
         se = math.sqrt(var[pos] * (1.0 / len(lb) + 1.0 / len(ln)))
-        p = 2.0 * (1.0 - t_cdf(abs(d) / se, df[pos]))
-        stat[j] = (d, se, p, df[pos])
-    q = bh_adjust([stat[j][2] for j in range(len(pending))])
-    n_judged = int(sum(1 for j in stat if math.isfinite(stat[j][2])))
+        slow = 1.0 - t_cdf(d / se, df[pos])  # one-sided: P(a t this large | no change)
+        stat[j] = (d, se, (slow, 1.0 - slow), df[pos])
+    q_slow = bh_adjust([stat[j][2][0] for j in range(len(pending))])
+    q_fast = bh_adjust([stat[j][2][1] for j in range(len(pending))])
+    n_judged = int(sum(1 for j in stat if math.isfinite(stat[j][2][0])))
     for j, (idx, _, (lb, ln)) in enumerate(pending):
-        d, se, p, dfj = stat[j]
+        d, se, ps, dfj = stat[j]
         row = out[idx]
         ratio = math.exp(d)
         verdict = "not significant"
-        if math.isfinite(p):
+        if math.isfinite(ps[0]):
             h = t_quantile(0.975, dfj) * se
+            up = d > 0
             row.update(change_lo_pct=(math.exp(d - h) - 1.0) * 100.0, change_hi_pct=(math.exp(d + h) - 1.0) * 100.0,
-                       p_value=p, q_value=float(q[j]))
-            if q[j] <= FDR_Q and ratio - 1.0 > thr:
+                       p_value=ps[0] if up else ps[1], q_value=float(q_slow[j] if up else q_fast[j]))
+            if q_slow[j] <= FDR_Q and ratio - 1.0 > thr:
                 verdict = "slower"
-            elif q[j] <= FDR_Q and 1.0 - ratio > thr:
+            elif q_fast[j] <= FDR_Q and 1.0 - ratio > thr:
                 verdict = "faster"
             one = ", the base side's spread for both" if len(ln) == 1 else \
                 ", the new side's spread for both" if len(lb) == 1 else ""
             basis = (f"between runs: t on log p50, {len(lb)} vs {len(ln)} runs{one}, spread pooled over neighbouring "
-                     f"sizes ({dfj:g} df); false discoveries held at {FDR_Q:.0%} over {n_judged} points (BH)")
+                     f"sizes ({dfj:g} df); false discoveries held at {FDR_Q:.0%} over {n_judged} points, "
+                     f"slower and faster each (BH, one-sided)")
         else:
             if ratio - 1.0 > thr:
                 verdict = "slower"
