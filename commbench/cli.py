@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-iters", type=int, help=_kh("max_iters"))
     r.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="measure each point N times, interleaved (every point once, then again), so compare can "
-                        "judge on the spread between repeats (default 1)")
+                        "judge on the spread between repeats; with --np each repeat is a launch of its own "
+                        "(default 1)")
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=None, help=_kh("check"))
     r.add_argument("--timing", choices=TIMING_METHODS, help=_kh("timing"))
     r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None, help=_kh("cuda_graph"))

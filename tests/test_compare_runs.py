@@ -392,3 +392,33 @@ def test_one_run_a_side_with_repeats_counts_each_repeat_as_a_run():
     df = compare_runs(_repeated("a", 1, 3, 1.0), _repeated("b", 1, 3, 1.0))
     assert set(df["base_runs"]) == {3} and set(df["new_runs"]) == {3}
     assert df["basis"].str.contains("each repeat counted as a run").all()
+
+
+def test_the_gate_replayed_on_recorded_runs(tmp_path):
+    """tools/ab_replay.py: nine runs of identical code (float16 over the gate's planted sizes
+    and their neighbours, 2 repeats each, a few per cent of scatter): no draw calls identical
+    code slower, every draw finds the 20 % laid on the planted points and nothing else; fewer
+    than nine runs is a one-line refusal."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from ab_gate import PLANTED
+
+    sizes = sorted({int(x.rsplit(":", 1)[1]) for x in PLANTED} | {n * 2 for x in PLANTED
+                                                                   for n in [int(x.rsplit(":", 1)[1])]})
+    rng = np.random.default_rng(7)
+    runs = []
+    for i in range(9):
+        rows = [make_row("all_reduce", 2, s, _true_us(s) * float(np.exp(rng.normal(0, 0.02))), dtype="float16",
+                         repeat=k) for k in (1, 2) for s in sizes]
+        runs.append(_write(tmp_path, f"r{i}", pd.DataFrame(rows).assign(run=f"r{i}")))
+    tool = [sys.executable, str(ROOT / "tools" / "ab_replay.py")]
+    p = subprocess.run(tool + runs + ["--draws", "3"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert ("3 draws of 3 runs a side from 9 runs: identical code called slower in 0; 20 % on 10 points: exit 1 in 3,"
+            " with at most 1 other point flagged in 3, every planted point flagged too in 3") in p.stdout, p.stdout
+    p = subprocess.run(tool + runs[:8], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "at least 9 runs" in p.stderr and "Traceback" not in p.stderr

@@ -202,3 +202,21 @@ def test_world_mismatch_names_the_launcher_and_the_way_out():
     assert "MASTER_ADDR" not in why
     assert "MASTER_ADDR" in world_mismatch(LaunchInfo(0, 4, 0, "srun"), 1, torch_backend=True)
     assert "use mpirun or srun" in world_mismatch(LaunchInfo(0, 2, 0, "torchrun"), 1)
+
+
+def test_a_local_open_mpi_5_job_is_limited_to_shared_memory_unless_told_otherwise(tmp_path):
+    """launch.local_mpi_env: every rank of a --np job is on this host, so Open MPI 5 gets
+    OMPI_MCA_btl=self,sm (its TCP transport cost 1 s of every launch's start on the loopback
+    VM); a btl the user or a variant named is kept; Open MPI 4 and MPICH are left alone."""
+    from commbench.run.launch import local_mpi_env
+
+    def fake(banner):
+        f = tmp_path / f"mpirun{abs(hash(banner))}"
+        f.write_text(f"#!/bin/sh\necho '{banner}'\n")
+        f.chmod(0o755)
+        return str(f)
+    assert local_mpi_env({"A": "1"}, fake("mpirun (Open MPI) 5.0.11")) == {"A": "1", "OMPI_MCA_btl": "self,sm"}
+    assert local_mpi_env({"OMPI_MCA_btl": "tcp,self"}, fake("mpirun (Open MPI) 5.0.11")) == {"OMPI_MCA_btl": "tcp,self"}
+    assert local_mpi_env({}, fake("mpirun (Open MPI) 4.1.5")) == {}
+    assert local_mpi_env({}, fake("HYDRA build details:")) == {}
+    assert local_mpi_env({}, str(tmp_path / "missing")) == {}

@@ -8,7 +8,7 @@ points. The A and B sides plant the same points at 0 %, so every side times them
 same loop and the delay is the only difference. Per round: the same-code compare's exit status
 (0 is right), the planted one's (1 is right), which points it flagged.
 
-Each run measures every point four times (`run --repeat 4`, 5 ms a point: 12-15 s a run on
+Each run measures every point four times (`run --repeat 4`, 5 ms a point: 11-15 s a run on
 2 cores), each repeat in a launch of its own, and compare takes each run's fastest repeat of a
 point (compare.fold_repeats). Why fresh launches: on this kind of host a process can hold a
 point at one of several speeds for its whole life (float32 16 KiB at 7.8 us in some launches,

@@ -37,7 +37,7 @@ def ompi_component_probe(np_: int, env: dict) -> str:
     cmd = launch.mpirun_command(np_, [])[:-2] + ["-c", code]  # mpirun ... python -c CODE
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, **env, "OMPI_MCA_coll_base_verbose": "100"})
+                           env=launch.local_mpi_env({**os.environ, **env, "OMPI_MCA_coll_base_verbose": "100"}))
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return p.stdout + p.stderr
