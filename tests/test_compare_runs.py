@@ -347,8 +347,9 @@ def _repeated(name, runs, reps, factor, slow=None, sizes=SIZES):
 
 def test_runs_with_repeats_are_judged_on_each_runs_fastest_repeat():
     """Three runs a side of --repeat 3: a repeat caught in a slow stretch (2.5x) in two runs of one
-    side moves nothing (each run's figure is its fastest repeat); a 20 % change is found; a
-    disturbed repeat is passed over when the run has a clean one."""
+    side moves nothing (each run's figure is its fastest repeat); a 50 % change is found, while
+    20 % is within what those stretches spread the repeats by (+-36 % pooled over the six runs)
+    and cannot be judged; a disturbed repeat is passed over when the run has a clean one."""
     from commbench.analyse.compare import fold_repeats
 
     stretch = {(1, 2): 2.5, (3, 1): 2.5}
@@ -356,8 +357,10 @@ def test_runs_with_repeats_are_judged_on_each_runs_fastest_repeat():
     df = compare_runs(base, same)
     assert set(df["verdict"]) == {"not significant"}
     assert set(df["base_runs"]) == {3} and df["basis"].str.endswith("each run: the fastest of its 3 repeats").all()
-    df = compare_runs(base, _repeated("p", 3, 3, 1.2, stretch))
+    df = compare_runs(base, _repeated("p", 3, 3, 1.5, stretch))
     assert set(df["verdict"]) == {"slower"}
+    df = compare_runs(base, _repeated("p", 3, 3, 1.2, stretch))
+    assert set(df["verdict"]) == {"cannot judge"} and df["caveat"].str.contains(r"spread \+-36 %").all()
     # The fastest repeat of run a1 is disturbed: the fastest clean one stands for the run.
     b = base.copy()
     fast = (b["run"] == "a1") & (b["repeat"] == 1)
@@ -385,6 +388,21 @@ def test_a_change_within_the_spread_of_a_runs_repeats_cannot_be_judged():
     assert df["caveat"].str.startswith("slower? the repeats within a run spread +-").all()
     assert exit_status(df, fail_on_regression=True) == 0
     df = compare_runs(_repeated("a", 3, 3, 1.0, modes), _repeated("p", 3, 3, 3.0, modes))
+    assert set(df["verdict"]) == {"slower"}
+
+
+def test_a_level_the_faster_sides_own_repeats_run_at_is_not_a_change():
+    """A point with two speeds 1.5x apart, each repeat drawing one: every base run drew the fast
+    speed once (its fastest repeat, its figure) and the slow one three times; every new run drew
+    only the slow one. The runs' figures differ by a steady 1.5x, but the base side's own
+    repeats ran at the new side's level in 9 of 12: "cannot judge". A new side slower than
+    anything the base side's repeats reached is still called."""
+    modes = {(i, k): 1.5 for i in (1, 2, 3) for k in (2, 3, 4)}
+    base = _repeated("a", 3, 4, 1.0, modes)
+    df = compare_runs(base, _repeated("b", 3, 4, 1.5))
+    assert set(df["verdict"]) == {"cannot judge"}, df[["nbytes", "verdict", "caveat"]]
+    assert df["caveat"].str.contains("9 of the base side's own 12 repeats ran at").all()
+    df = compare_runs(base, _repeated("b", 3, 4, 2.5))
     assert set(df["verdict"]) == {"slower"}
 
 
