@@ -15,7 +15,7 @@ point at one of several speeds for its whole life (float32 16 KiB at 7.8 us in s
 10.2 us in others, every repeat alike), and three runs a side that all drew the slow speed read
 as a change; a point can also run 2-3x slow for seconds at a time, which an interleaved repeat
 lands outside of. A change no larger than the spread of a point's repeats is "cannot judge"
-(compare._spread_guard).
+(analyse/repeat_guards.py).
 
 One JSON line a round in OUT/rounds.jsonl, and the counts at the end:
 
@@ -89,7 +89,8 @@ def main(argv=None) -> int:
                     help="bytes, comma-separated (default: the 33 sizes the planted points are among)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--planted", default=",".join(PLANTED),
-                    help="the points to slow down, benchmark:dtype:bytes, comma-separated (default: ten float16 points)")
+                    help="the points to slow down, benchmark:dtype:bytes, comma-separated "
+                         "(default: ten float16 points)")
     a = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in a.sizes.split(",")]
@@ -142,7 +143,8 @@ def main(argv=None) -> int:
         with open(log, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"round {rnd}: same code exit {same_rc} ({len(same_flagged)} flagged); planted exit {plant_rc}, "
-              f"{len(rec['planted_found'])}/{len(planted)} planted found ({len(rec['planted_cannot_judge'])} cannot judge), "
+              f"{len(rec['planted_found'])}/{len(planted)} planted found "
+              f"({len(rec['planted_cannot_judge'])} cannot judge), "
               f"{len(rec['planted_others'])} others; "
               f"longest run {rec['run_s_max']} s", flush=True)
         if not a.keep:

@@ -14,9 +14,8 @@ each run's own interval is a few per cent wide. So:
   2. it survives Benjamini-Hochberg at FDR_Q over all the points judged so, which holds the
      chance that identical code is called changed anywhere in a sweep at FDR_Q, and
   3. for runs made with `run --repeat N`, it is larger than the spread of the point's
-     repeats within a run (repeat_spreads, _spread_guard), and the faster side's own repeats
-     do not reach the slower side's level in half of them (_level_guard): otherwise
-     "cannot judge".
+     repeats within a run, and the faster side's own repeats do not reach the slower side's
+     level in half of them (analyse/repeat_guards.py): otherwise "cannot judge".
 * A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
   is "cannot judge", not "slower"/"faster".
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
@@ -32,6 +31,7 @@ import math
 
 from commbench.analyse.analysis import params_key
 from commbench.analyse.intervals import _num, between_runs, point_ci  # noqa: F401 (between_runs: the API)
+from commbench.analyse.repeat_guards import level_guard, repeat_p50s, repeat_spreads, spread_guard
 from commbench.analyse.verdicts import untrusted_reason
 from commbench.core.errors import UsageError
 from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
@@ -49,8 +49,6 @@ REPEAT_HINT = "repeat each side (compare A1 A2 A3 -- B1 B2 B3) to judge on the s
 FDR_Q = 0.05
 # Neighbouring sizes (each side) whose run-to-run spread a point's judgement pools (stats.pooled_spread).
 POOL_WINDOW = 3
-# Neighbouring sizes (each side) whose repeats' spread the spread guard pools (_spread_guard).
-GUARD_WINDOW = 1
 
 
 def _log_sides(base_p50s, new_p50s):
@@ -285,113 +283,6 @@ def fold_repeats(base_df, new_df):
     return out[0], out[1], note
 
 
-def repeat_spreads(df) -> dict:
-    """key -> the spread of each run's repeats of that point: the standard deviation of log p50
-    over the run's repeats (a run with one repeat adds nothing). Repeats of one run are
-    interleaved over the whole run (run --repeat N), so this is how far the host moved the
-    point in the seconds between them: on a VM whose cores change speed in stretches of
-    seconds it is 30-70 % at some points and 3-9 % at others."""
-    out: dict = {}
-    if df is None or not len(df) or "repeat" not in df.columns:
-        return out
-    per: dict = {}
-    for r in df.to_dict("records"):
-        p50 = _num(r.get("time_us_p50"))
-        if p50 > 0 and math.isfinite(p50):
-            per.setdefault((_key(r), _blank(r.get("run"))), []).append(math.log(p50))
-    for (key, _), logs in per.items():
-        if len(logs) > 1:
-            mu = sum(logs) / len(logs)
-            out.setdefault(key, []).append(math.sqrt(sum((x - mu) ** 2 for x in logs) / (len(logs) - 1)))
-    return out
-
-
-def repeat_p50s(df) -> dict:
-    """key -> the p50 of every repeat of that point in the frame's runs (runs with one repeat
-    add nothing)."""
-    out: dict = {}
-    if df is None or not len(df) or "repeat" not in df.columns:
-        return out
-    per: dict = {}
-    for r in df.to_dict("records"):
-        p50 = _num(r.get("time_us_p50"))
-        if p50 > 0 and math.isfinite(p50):
-            per.setdefault((_key(r), _blank(r.get("run"))), []).append(p50)
-    for (key, _), v in per.items():
-        if len(v) > 1:
-            out.setdefault(key, []).extend(v)
-    return out
-
-
-# The share of the faster side's own repeats that, running as slow as the slower side, makes a
-# change "cannot judge" (_level_guard). Half: replayed on 14 recorded runs of the gate's sweep
-# (tools/ab_replay.py, 60 draws), a quarter cost 7 % of the planted points found, half none.
-LEVEL_SHARE = 0.5
-
-
-def _level_guard(out: list, base_reps: dict, new_reps: dict) -> None:
-    """A change whose slower level the faster side's own repeats reach, in at least
-    LEVEL_SHARE of them, is "cannot judge": that level is a speed the host takes the point to
-    on its own. The case it is for: a point that runs at one of two speeds 1.5x apart, each
-    repeat drawing one; every base run got at least one fast repeat (its figure, the fastest,
-    is fast), every new run got none (int32 192 KiB: 38 us against 55-64 us) -- while most of
-    the base runs' own repeats ran at 55-86 us too."""
-    for row in out:
-        if row["only_in"] or row["verdict"] not in ("slower", "faster"):
-            continue
-        key = tuple(row[k] for k in KEYS)
-        slower = row["verdict"] == "slower"
-        reps = (base_reps if slower else new_reps).get(key)
-        level = row["new_p50_us"] if slower else row["base_p50_us"]
-        if not reps or not level > 0:
-            continue
-        n = sum(1 for x in reps if x >= level)
-        if n >= LEVEL_SHARE * len(reps):
-            side = "base" if slower else "new"
-            row.update(verdict="cannot judge",
-                       caveat=f"{row['verdict']}? {n} of the {side} side's own {len(reps)} repeats ran at "
-                              f"{level:.4g} us or slower, the other side's level: a speed the host takes this point "
-                              f"to on its own")
-
-
-def _spread_guard(out: list, spreads: dict) -> None:
-    """A change no larger than the spread of the repeats within a run is "cannot judge": the
-    host moved that point by as much between the repeats of one run as the sides differ by,
-    and three runs a side that all caught (or all missed) a slow stretch at a range of sizes
-    read as a change to the t-test. The spread: the root mean square, over both sides' runs,
-    of each run's repeats' standard deviation of log p50 (repeat_spreads), at the point and
-    its neighbouring size each side (GUARD_WINDOW) -- the pooled within-run spread. Why not a
-    median: on this kind of host a point jumps between speeds 1.5-3x apart in some runs and
-    holds one speed in others, and a median over runs then says "steady" at the very points
-    whose runs drew different speeds on the two sides (int32 192 KiB: 38 us in every base
-    run, 55-64 us in every new one, repeats spreading +-79 % at 384 KiB). Why the neighbours:
-    such speeds hold for a range of sizes, and four repeats a run see a point's own
-    jumps only now and then."""
-    series: dict = {}
-    nb = KEYS.index("nbytes")
-    for key in spreads:
-        series.setdefault(key[:nb] + key[nb + 1:], []).append(key[nb])
-    for sizes in series.values():
-        sizes.sort()
-    for row in out:
-        if row["only_in"] or row["verdict"] not in ("slower", "faster"):
-            continue
-        key = tuple(row[k] for k in KEYS)
-        if key not in spreads:
-            continue
-        rest = key[:nb] + key[nb + 1:]
-        sizes = series[rest]
-        i = sizes.index(key[nb])
-        near = [spreads[rest[:nb] + (n,) + rest[nb:]] for n in sizes[max(0, i - GUARD_WINDOW): i + GUARD_WINDOW + 1]]
-        sd = [x for runs in near for x in runs]
-        spread = math.sqrt(sum(x * x for x in sd) / len(sd))
-        if spread >= abs(math.log(row["ratio"])):
-            row.update(verdict="cannot judge",
-                       caveat=f"{row['verdict']}? the repeats within a run spread +-{(math.exp(spread) - 1) * 100:.0f} %"
-                              f" (over {len(sd)} runs of this and the neighbouring sizes), not less than the change "
-                              f"({row['change_pct']:+.0f} %)")
-
-
 def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     """One row per point of either side, matched on KEYS. Each frame holds one run or
     several (its `run` column tells them apart).
@@ -418,10 +309,10 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     if not threshold_pct >= 0:
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
     spreads = {}
-    for side in (repeat_spreads(base_df), repeat_spreads(new_df)):
+    for side in (repeat_spreads(base_df, _key), repeat_spreads(new_df, _key)):
         for k, v in side.items():
             spreads.setdefault(k, []).extend(v)
-    reps = (repeat_p50s(base_df), repeat_p50s(new_df))
+    reps = (repeat_p50s(base_df, _key), repeat_p50s(new_df, _key))
     base_df, new_df, fold_note = fold_repeats(base_df, new_df)
     if fold_note.startswith("one run a side"):
         spreads, reps = {}, ({}, {})  # the repeats are the runs there: the t-test is judged on their spread
@@ -471,8 +362,8 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
                    busbw_change_pct=(nb / bb - 1.0) * 100.0 if bb > 0 and math.isfinite(nb) else math.nan)
         out.append(row)
     _judge_between_runs(out, pending, thr)
-    _spread_guard(out, spreads)
-    _level_guard(out, *reps)
+    spread_guard(out, spreads, KEYS)
+    level_guard(out, *reps, KEYS)
     # A change resting on a row that ran disturbed or oversubscribed is not called: the
     # host, not the code, may have made it.
     bad = {**_untrusted(new_df), **_untrusted(base_df)}
