@@ -31,7 +31,7 @@ import math
 
 from commbench.analyse.analysis import params_key
 from commbench.analyse.intervals import _num, between_runs, point_ci  # noqa: F401 (between_runs: the API)
-from commbench.analyse.repeat_guards import level_guard, repeat_p50s, repeat_spreads, spread_guard
+from commbench.analyse.repeat_guards import level_guard, repeat_p50s, repeat_spreads, repeats_by_run, spread_guard
 from commbench.analyse.verdicts import untrusted_reason
 from commbench.core.errors import UsageError
 from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
@@ -231,6 +231,11 @@ def _repeats(df) -> int:
     return int(r.max()) if len(r) else 1
 
 
+def _runs(df) -> int:
+    """How many runs a side's frame holds."""
+    return df["run"].nunique() if df is not None and len(df) and "run" in df.columns else 0
+
+
 def fold_repeats(base_df, new_df):
     """What the repeats of `run --repeat N` runs count as: (base, new, note).
 
@@ -253,8 +258,7 @@ def fold_repeats(base_df, new_df):
     rb, rn = _repeats(base_df), _repeats(new_df)
     if rb == 1 and rn == 1:
         return base_df, new_df, ""
-    runs = [df["run"].nunique() if df is not None and len(df) and "run" in df.columns else 0 for df in (base_df, new_df)]
-    if runs == [1, 1]:
+    if _runs(base_df) == _runs(new_df) == 1:
         out = []
         for df in (base_df, new_df):
             df = df.copy()
@@ -308,14 +312,12 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
 
     if not threshold_pct >= 0:
         raise UsageError(f"threshold must be >= 0 per cent, got {threshold_pct}")
-    spreads = {}
-    for side in (repeat_spreads(base_df, _key), repeat_spreads(new_df, _key)):
-        for k, v in side.items():
-            spreads.setdefault(k, []).extend(v)
-    reps = (repeat_p50s(base_df, _key), repeat_p50s(new_df, _key))
+    # With one run a side the repeats are the runs (fold_repeats): the t-test is judged on
+    # their spread already, and the guards have nothing to add.
+    per = ({}, {}) if _runs(base_df) == _runs(new_df) == 1 else (repeats_by_run(base_df, _key),
+                                                                   repeats_by_run(new_df, _key))
+    spreads, reps = repeat_spreads(*per), (repeat_p50s(per[0]), repeat_p50s(per[1]))
     base_df, new_df, fold_note = fold_repeats(base_df, new_df)
-    if fold_note.startswith("one run a side"):
-        spreads, reps = {}, ({}, {})  # the repeats are the runs there: the t-test is judged on their spread
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
     out = []

@@ -13,41 +13,39 @@ from commbench.analyse.intervals import _num
 GUARD_WINDOW = 1
 
 
-def repeat_spreads(df, key_of) -> dict:
-    """key -> the spread of each run's repeats of that point: the standard deviation of log p50
-    over the run's repeats (a run with one repeat adds nothing). Repeats of one run are
+def repeats_by_run(df, key_of) -> dict:
+    """(key, run) -> the p50s of that run's repeats of the point, for the runs that repeated it
+    (run --repeat N); one pass over the frame, which both guards read."""
+    per: dict = {}
+    if df is None or not len(df) or "repeat" not in df.columns:
+        return per
+    for r in df.to_dict("records"):
+        p50 = _num(r.get("time_us_p50"))
+        if p50 > 0 and math.isfinite(p50):
+            per.setdefault((key_of(r), str(r.get("run"))), []).append(p50)
+    return {k: v for k, v in per.items() if len(v) > 1}
+
+
+def repeat_spreads(*sides: dict) -> dict:
+    """key -> the spread of each run's repeats of that point, over the sides' repeats_by_run:
+    the standard deviation of log p50 over the run's repeats. Repeats of one run are
     interleaved over the whole run (run --repeat N), so this is how far the host moved the
     point in the seconds between them: on a VM whose cores change speed in stretches of
     seconds it is 30-70 % at some points and 3-9 % at others."""
     out: dict = {}
-    if df is None or not len(df) or "repeat" not in df.columns:
-        return out
-    per: dict = {}
-    for r in df.to_dict("records"):
-        p50 = _num(r.get("time_us_p50"))
-        if p50 > 0 and math.isfinite(p50):
-            per.setdefault((key_of(r), str(r.get("run"))), []).append(math.log(p50))
-    for (key, _), logs in per.items():
-        if len(logs) > 1:
+    for per in sides:
+        for (key, _), v in per.items():
+            logs = [math.log(x) for x in v]
             mu = sum(logs) / len(logs)
             out.setdefault(key, []).append(math.sqrt(sum((x - mu) ** 2 for x in logs) / (len(logs) - 1)))
     return out
 
 
-def repeat_p50s(df, key_of) -> dict:
-    """key -> the p50 of every repeat of that point in the frame's runs (runs with one repeat
-    add nothing)."""
+def repeat_p50s(per: dict) -> dict:
+    """key -> the p50 of every repeat of that point in one side's repeats_by_run."""
     out: dict = {}
-    if df is None or not len(df) or "repeat" not in df.columns:
-        return out
-    per: dict = {}
-    for r in df.to_dict("records"):
-        p50 = _num(r.get("time_us_p50"))
-        if p50 > 0 and math.isfinite(p50):
-            per.setdefault((key_of(r), str(r.get("run"))), []).append(p50)
     for (key, _), v in per.items():
-        if len(v) > 1:
-            out.setdefault(key, []).extend(v)
+        out.setdefault(key, []).extend(v)
     return out
 
 

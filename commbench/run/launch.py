@@ -1,6 +1,7 @@
 """Join mpirun / srun / torchrun, or start N local ranks ourselves."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -146,13 +147,20 @@ def say_once(line: str, env=None, everywhere: bool = False) -> None:
         time.sleep(1.0)
 
 
+@functools.lru_cache(maxsize=8)
+def mpirun_banner(mpirun: str) -> str:
+    """What `mpirun --version` prints ("" when it does not run): read once per process, since
+    every launch of a run (one a repeat, one a variant) asks what the MPI is."""
+    try:
+        return subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def mpirun_command(np_: int, argv: list[str], mpirun: str | None = None) -> list[str]:
     """mpirun with what a root user and an oversubscribed host need (Open MPI flags)."""
     mpirun = mpirun or find_mpirun()
-    try:
-        banner = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        banner = ""
+    banner = mpirun_banner(mpirun)
     cmd = [mpirun, "-np", str(np_)]
     if "Open MPI" in banner or "OpenRTE" in banner or "prte" in banner.lower():
         if os.geteuid() == 0:
@@ -171,12 +179,7 @@ def local_mpi_env(env: dict, mpirun: str | None = None) -> dict:
     launches of their own pays it once a repeat."""
     if "OMPI_MCA_btl" in env:
         return env
-    try:
-        banner = subprocess.run([mpirun or find_mpirun(), "--version"], capture_output=True, text=True,
-                                timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return env
-    m = re.search(r"Open MPI\)?\s+v?(\d+)\.", banner)
+    m = re.search(r"Open MPI\)?\s+v?(\d+)\.", mpirun_banner(mpirun or find_mpirun()))
     return {**env, "OMPI_MCA_btl": "self,sm"} if m and int(m.group(1)) >= 5 else env
 
 

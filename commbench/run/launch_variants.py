@@ -22,7 +22,7 @@ from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_c
 
 def mpi_flavor() -> str:
     try:
-        out = subprocess.run([launch.find_mpirun(), "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = launch.mpirun_banner(launch.find_mpirun())
     except Exception:  # noqa: BLE001 (no mpirun: not an MPI run)
         return ""
     if "Open MPI" in out or "prte" in out.lower():

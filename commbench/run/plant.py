@@ -9,7 +9,8 @@ rank keeps the ranks in step; a spin sized by each op's own time would include t
 slower peer and turn every wait into a new one. Where the op has the MPI backend's compiled
 timing loop the spin runs inside it (mpi_timeloop: spin_s), so a planted point is timed like
 any other; elsewhere the Python loop times a wrapper, and a fair A/B plants the same points at
-0 % on the other side, which pays the wrapper's call too. Unset, nothing is wrapped and nothing costs anything."""
+0 % on the other side, which pays the wrapper's call too. Unset, nothing is wrapped and
+nothing costs anything."""
 from __future__ import annotations
 
 import os

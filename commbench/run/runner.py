@@ -347,17 +347,16 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         earlier = len(failed) - sum(r["check"] == "fail" for r in rows)
         why = (f"{len(failed)} point(s) failed the data check"
                + (f" ({earlier} of them in an earlier launch of this run)" if earlier else "")) if failed else None
-        rd.variant(ctx.variant.name)["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        var = rd.variant(ctx.variant.name)
+        var["status"] = (Status.CHECK_FAILED if failed else Status.COMPLETE).value
+        var.pop("reason", None)  # a reason says why a variant is unfinished; this launch finished it
         upto = repeat_upto(ctx.repeat)
         if upto < ctx.repeat and not failed:
-            # Variants alternating repeat by repeat: this one's later repeats come in later
+            # Repeats each a launch of their own: this variant's later repeats come in later
             # launches. Until they do it is unfinished, so a launcher that dies in between
             # leaves a run that --resume completes.
-            rd.variant(ctx.variant.name).update(
-                status=Status.INTERRUPTED.value,
-                reason=f"repeat {upto} of {ctx.repeat} done; each repeat is a launch of its own")
-        elif str(rd.variant(ctx.variant.name).get("reason", "")).startswith("repeat "):
-            rd.variant(ctx.variant.name).pop("reason")  # the last repeat is in: nothing is left unfinished
+            var.update(status=Status.INTERRUPTED.value,
+                       reason=f"repeat {upto} of {ctx.repeat} done; each repeat is a launch of its own")
         if ctx.host_start and isinstance(rd.meta.get("host_state"), dict):
             rd.meta["host_state"]["run"] = hoststate.over_run(ctx.host_start, hoststate.snapshot())
             # Each variant is a launch of its own into the run: count each one's, and their sum.
