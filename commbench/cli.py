@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--variant", help="run one variant in this launch (under mpirun/srun/torchrun); with --out of "
                    "an existing run of the suite, its rows join that run")
     r.add_argument("--list-variants", action="store_true", help="print the suite's variant names and exit")
+    # The suite file `run --np`'s launcher resolved, handed to its ranks: they read that file,
+    # not the name again (what a name finds can change once the launcher made --out).
+    r.add_argument("--suite-file", help=argparse.SUPPRESS)
     r.add_argument("--dry-run", action="store_true",
                    help="list the points, memory per rank and a rough time, without communicating")
     r.add_argument("--wide", action="store_true", help="tables with every column (default: a compact set that "
@@ -194,7 +197,7 @@ def profile_overrides(args) -> dict:
 
 
 def cmd_list() -> int:
-    from commbench.run.suite import list_suites
+    from commbench.run.suite import suite_origins
 
     from . import backends
     from .benchmarks import registry
@@ -213,9 +216,9 @@ def cmd_list() -> int:
               f"  dtypes: {', '.join(backends.BACKEND_DTYPES[name])}")
     if default is None:
         print(f"  no backend works here: {backends.INSTALL_HINT}")
-    print("suites:")
-    for s in list_suites():
-        print(f"  {s}")
+    print("suites:")  # the first file of a name wins: COMMBENCH_SUITES, ./suites, then the shipped ones
+    for s, (path, hides) in suite_origins().items():
+        print(f"  {s:16s} {path}" + (f"  (shadows the shipped {hides})" if hides else ""))
     from commbench.run.variants import BUILTIN
 
     print("variants (--variants, or a suite's `variants`; each runs as its own launch):")
@@ -260,6 +263,12 @@ class _DroppingStdout:
         except OSError:
             self._drop()
             return len(text)
+
+    def writelines(self, lines):
+        # Through write: the file's own writelines (a long table's rows, viewkit) would
+        # raise the reader's leaving past this wrapper.
+        for line in lines:
+            self.write(line)
 
     def flush(self):
         try:

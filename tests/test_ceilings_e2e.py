@@ -23,6 +23,13 @@ def big_run(tmp_path_factory):
     return out, r.stdout
 
 
+def _cache_nbytes(out) -> int:
+    """The LLC the run's probe read from sysfs, or 64 MiB where it read more: a VM sees its
+    host's whole L3 (480 MiB on some 2-core guests), of which one core's copy holds far less
+    (the 128 MiB rows run at the DRAM rate there)."""
+    return min(json.loads((out / "meta.json").read_text())["ceilings"]["probe"]["llc_nbytes"], 64 << 20)
+
+
 @needs_mpi
 def test_loopback_probe_lands_in_meta(big_run):
     out, _ = big_run
@@ -45,8 +52,7 @@ def test_loopback_probe_lands_in_meta(big_run):
 def test_pct_of_ceiling_within_bounds_beyond_cache(big_run):
     out, stdout = big_run
     df = commbench.load(out)
-    llc = json.loads((out / "meta.json").read_text())["ceilings"]["probe"]["llc_nbytes"]
-    big = df[(df.nbytes > llc) & (df.benchmark != "barrier")]
+    big = df[(df.nbytes > _cache_nbytes(out)) & (df.benchmark != "barrier")]
     assert len(big) == 3
     for r in big.to_dict("records"):
         assert r["tier"] == "scaleup" and r["compared_as"] == "busbw"
@@ -76,8 +82,7 @@ def test_model_calibrated_on_loopback_predicts_measured(big_run):
     knows no cache cliff (README, "What-if model")."""
     out, _ = big_run
     df = commbench.load(out)
-    llc = json.loads((out / "meta.json").read_text())["ceilings"]["probe"]["llc_nbytes"]
-    small = df[(df.nbytes * 2 <= llc) & df.benchmark.isin(["all_to_all", "all_gather"])]
+    small = df[(df.nbytes * 2 <= _cache_nbytes(out)) & df.benchmark.isin(["all_to_all", "all_gather"])]
     fab = M.calibrate_fabric(fit_table(small), M.fabric_from_rates(10.0, 1.0, None))
     for r in small.to_dict("records"):
         f = M.all_to_all_time_us if r["benchmark"] == "all_to_all" else M.all_gather_time_us

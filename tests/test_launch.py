@@ -106,12 +106,12 @@ def test_the_launcher_learns_that_the_run_is_marked_from_its_own_launch_not_from
         def say():
             time.sleep(3.0)
             monkeypatch.setenv(launch.LAUNCH_ID_ENV, lid)
-            launch.say_marked()
+            launch.say_marked("marked", tmp_path)
         threading.Thread(target=say, daemon=True).start()
         status = launch._wait_job([p], [], str(tmp_path), lid, timeout_s=0.5)
     finally:
         p.kill()
-        launch.marked_path(lid).unlink(missing_ok=True)
+        launch.marked_path(tmp_path, lid).unlink(missing_ok=True)
     took = time.monotonic() - t0
     assert status == launch.EXIT_TEARDOWN_HUNG
     assert took >= 3.0, "the drain bound started from meta.json's status, not from the launch's own rank 0"

@@ -273,7 +273,7 @@ def test_a_disk_that_fills_mid_run_fails_the_run_cleanly_then_resume_finishes(sm
     assert "Traceback" not in err, err
     meta = _meta(out)
     assert meta["status"] == "failed" and "No space left on device" in meta["reason"], (meta["reason"], err[:3000])
-    assert not (out / "meta.json.tmp").exists()
+    assert not list(out.glob(".meta.json.*.tmp")) and not list(out.glob("*.tmp")), sorted(out.iterdir())
     filler.unlink()
     r = run_cli("run", "--resume", out, "--np", "2", timeout=120)
     assert r.returncode == 0, r.stderr

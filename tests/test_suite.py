@@ -173,8 +173,8 @@ def test_one_requested_variant_may_be_a_builtin_the_suite_does_not_list():
     with pytest.raises(UsageError, match="unknown variant 'warp-drive'"):
         plan(cfg(), "mpi", "cpu", requested="warp-drive")
     own = build_config({"name": "t", "benchmarks": ["all_reduce"], "variants": ["mine"],
-                        "variant": {"mine": {"backend": "mpi", "env": {"A": "1"}}}})
-    assert plan(own, "mpi", "cpu").runnable[0].env == {"A": "1"}
+                        "variant": {"mine": {"backend": "mpi", "env": {"OMPI_A": "1"}}}})
+    assert plan(own, "mpi", "cpu").runnable[0].env == {"OMPI_A": "1"}
     assert "backend mpi" in plan(own, "gloo", "cpu").skipped["mine"]
 
 

@@ -34,8 +34,8 @@ def test_resolve_refuses_unknown_empty_and_duplicate():
 
 
 def test_suite_variant_tables_are_checked():
-    v = parse_suite_variants({"mine": {"env": {"A": 1}, "backend": "mpi", "inswitch": True}}, "s")["mine"]
-    assert v.env == {"A": "1"} and v.backend == "mpi" and v.inswitch
+    v = parse_suite_variants({"mine": {"env": {"OMPI_A": 1}, "backend": "mpi", "inswitch": True}}, "s")["mine"]
+    assert v.env == {"OMPI_A": "1"} and v.backend == "mpi" and v.inswitch
     for table, words in (({"x": {"envv": {}}}, "unknown key 'envv'"), ({"x": {"backend": "carrier"}}, "unknown backend"),
                          ({"": {}}, "empty name"), ({"x": {"requires": ["warp-drive"]}}, "requires"),
                          ({"x": {"env": ["A=1"]}}, "'env'")):

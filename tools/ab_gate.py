@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import random
 import shutil
@@ -35,6 +36,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The largest planted delay, per cent (as COMMBENCH_PLANT_DELAY_PCT takes it: docs/verdicts.md).
+MAX_PCT = 1000.0
 # 99 points: 8 B..512 KiB in steps of 2 and 1.5 (33 sizes), three dtypes.
 SIZES = sorted({b << k for b in (8, 12) for k in range(16)} | {512 << 10})
 DTYPES = ("float32", "float16", "int32")
@@ -101,11 +104,22 @@ def main(argv=None) -> int:
         print(f"ab_gate: error: --sizes needs positive byte counts and --dtypes at least one dtype, got "
               f"{a.sizes!r} and {a.dtypes!r}", file=sys.stderr)
         return 2
-    if a.rounds < 1 or a.repeats < 2 or a.np < 2 or not a.pct > 0 or a.run_repeat < 1:
-        print("ab_gate: error: need --rounds >= 1, --repeats >= 2, --run-repeat >= 1, --np >= 2 and --pct > 0", file=sys.stderr)
+    if a.rounds < 1 or a.repeats < 2 or a.np < 2 or a.run_repeat < 1:
+        print("ab_gate: error: need --rounds >= 1, --repeats >= 2, --run-repeat >= 1 and --np >= 2", file=sys.stderr)
+        return 2
+    # The planted runs spin for pct % of each operation: inf or 1e9 would spin every rank until
+    # the watchdog, after the same-code runs had already been made.
+    if not (math.isfinite(a.pct) and 0 < a.pct <= MAX_PCT):
+        print(f"ab_gate: error: --pct must be a number above 0 and at most {MAX_PCT:g} (per cent), got {a.pct:g}",
+              file=sys.stderr)
         return 2
     out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # an existing file, a place not writable
+        why = "exists and is not a directory" if isinstance(e, FileExistsError) else e.strerror or e
+        print(f"ab_gate: error: --out {a.out}: {why}", file=sys.stderr)
+        return 2
     log = out / "rounds.jsonl"
     named = tuple(x.strip() for x in a.planted.split(",") if x.strip())
     if any(len(x.split(":")) != 3 or not x.rsplit(":", 1)[1].isdigit() for x in named):

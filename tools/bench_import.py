@@ -5,9 +5,14 @@ command runs as its own process; its peak RSS is the kernel's (wait4's ru_maxrss
 
     .venv/bin/python tools/bench_import.py               # 200 MB, about 336k rows
     .venv/bin/python tools/bench_import.py --mb 20 --rows 34000
+    .venv/bin/python tools/bench_import.py --long-line 10,100
 
 Prints the file's size and rows, and each command's wall time and peak RSS, against the
-limits (import: 1 GiB; report: 60 s); exit status 1 when a limit is passed."""
+limits (import: 1 GiB; report: 60 s); exit status 1 when a limit is passed.
+
+--long-line MB,MB...: instead, one nccl-tests log per size whose table holds one line of
+that many MB without a space (a pattern that backtracks takes hours on 1 MB), each
+imported and timed: the times grow as the sizes do when the import is linear."""
 from __future__ import annotations
 
 import argparse
@@ -97,6 +102,47 @@ def measure(cmd: list[str]) -> tuple[int, float, float, float]:
     return p.returncode, wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime
 
 
+def generate_long_line(path: Path, nbytes: int) -> None:
+    """A small nccl-tests table with one line of nbytes bytes inside it (no space, no newline)."""
+    half = f"{20.5:8.2f} {0.05:7.2f} {0.09:7.2f} {0:6d}"
+    with open(path, "w") as f:
+        f.write("# nccl-tests version 2.17.1 nccl-headers=22703 nccl-library=22703\n"
+                "# Collective test starting: all_reduce_perf\n"
+                "#  Rank  0 Group  0 Pid   4000 on node-000 device  0 [0000:00:00] NVIDIA H200\n"
+                "#  Rank  1 Group  0 Pid   4001 on node-000 device  1 [0000:01:00] NVIDIA H200\n"
+                "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+                "     time   algbw   busbw #wrong\n")
+        f.write(f"{1024:12d}  {256:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}  {half}  {half}\n")
+        f.write("<script>")
+        chunk = "A" * (1 << 20)
+        left = nbytes - len("<script>")
+        while left > 0:
+            f.write(chunk[:min(left, len(chunk))])
+            left -= len(chunk)
+        f.write("\n")
+        f.write(f"{2048:12d}  {512:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}  {half}  {half}\n"
+                "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.09 \n")
+
+
+def long_lines(sizes_mb: list[float], work_dir, limit_mib: float) -> int:
+    """Import one log per size, each with one long line in its table; print each time."""
+    ok = True
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        first = None
+        for mb in sizes_mb:
+            src, out = Path(tmp) / f"long_line_{mb:g}mb_all_reduce.txt", Path(tmp) / f"run_{mb:g}"
+            generate_long_line(src, int(mb * 1e6))
+            load = os.getloadavg()[0]
+            rc, wall, rss, cpu = measure([sys.executable, "-m", "commbench", "import", str(src), "--out", str(out)])
+            src.unlink()
+            ratio = f", {cpu / first[1]:.1f}x the {first[0]:g} MB one's" if first else ""
+            first = first or (mb, cpu)
+            ok = ok and rc == 0 and rss <= limit_mib
+            print(f"one {mb:g} MB line: import {wall:.1f} s ({cpu:.1f} s CPU{ratio}; load average {load:.1f}), "
+                  f"peak RSS {rss:.0f} MiB: {'ok' if rc == 0 and rss <= limit_mib else 'FAILED'}", flush=True)
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=200.0, help="file size, MB (default 200)")
@@ -104,7 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
     ap.add_argument("--import-limit-mib", type=float, default=1024.0)
     ap.add_argument("--report-limit-s", type=float, default=60.0)
+    ap.add_argument("--long-line", metavar="MB,MB", help="time the import of one long line of each size instead")
     a = ap.parse_args(argv)
+    if a.long_line:
+        return long_lines([float(x) for x in a.long_line.split(",")], a.dir, a.import_limit_mib)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         src, out = Path(tmp) / "big_nccl_tests.txt", Path(tmp) / "run"
         t0 = time.perf_counter()

@@ -18,6 +18,10 @@ each run's own interval is a few per cent wide. So:
      level in half of them (analyse/repeat_guards.py): otherwise "cannot judge".
 * A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
   is "cannot judge", not "slower"/"faster".
+* A point whose data check failed on a side ("check failed (new)") has wrong results there:
+  its speed is not judged, and the regression gate fails on it (exit_status).
+* A point the two sides timed by different methods (the rows' `timing`: back_to_back against
+  barrier) measured two different things: "cannot judge", never faster or slower.
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
   back to each run's own ~95 % interval of its p50 (point_ci) and the threshold, and every
   verdict and the summary say that it cannot separate noise from a change.
@@ -194,8 +198,42 @@ COLUMNS = list(KEYS) + [
     "base_run", "new_run", "base_runs", "new_runs", "base_p50_us", "new_p50_us", "base_run_p50s_us",
     "new_run_p50s_us", "ratio", "change_pct", "change_lo_pct", "change_hi_pct", "base_ci_lo", "base_ci_hi",
     "new_ci_lo", "new_ci_hi", "base_busbw_gbps", "new_busbw_gbps", "busbw_change_pct", "verdict", "basis",
-    "caveat", "only_in", "p_value", "q_value",
+    "caveat", "only_in", "p_value", "q_value", "check_failed",
 ]
+
+# Timing methods a run measures by (the rows' `timing`); an imported row says "imported" and is
+# compared as it always was (nccl-tests times back to back, as a run does by default).
+_NOT_A_METHOD = ("", "imported")
+
+
+def _per_point(df, field: str) -> dict:
+    """key -> the set of a field's values over a side's rows of that point (all repeats)."""
+    out: dict = {}
+    if df is None or not len(df) or field not in df.columns:
+        return out
+    for r in df.to_dict("records"):
+        out.setdefault(_key(r), set()).add(_blank(r.get(field)))
+    return out
+
+
+def _check_and_timing(out: list, base_df, new_df) -> None:
+    """Mark the points whose data check failed on a side (check_failed: "base", "new" or
+    "both"; verdict "check failed (new)"), and make "cannot judge" the matched points whose
+    sides were timed by different methods (caveat "timing back_to_back vs barrier")."""
+    checks = (_per_point(base_df, "check"), _per_point(new_df, "check"))
+    timings = (_per_point(base_df, "timing"), _per_point(new_df, "timing"))
+    for row in out:
+        key = tuple(row[k] for k in KEYS)
+        failed = [s for s, c in zip(("base", "new"), checks) if "fail" in c.get(key, ())]
+        row["check_failed"] = "both" if len(failed) == 2 else "".join(failed)
+        if row["only_in"]:
+            continue
+        if failed:
+            row["verdict"] = f"check failed ({row['check_failed']})"
+            continue
+        tb, tn = (sorted(t.get(key, set()) - set(_NOT_A_METHOD)) for t in timings)
+        if tb and tn and tb != tn:
+            row.update(verdict="cannot judge", caveat=f"timing {'+'.join(tb)} vs {'+'.join(tn)}")
 
 
 def _side_columns(runs: dict | None, prefix: str) -> dict:
@@ -317,6 +355,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     per = ({}, {}) if _runs(base_df) == _runs(new_df) == 1 else (repeats_by_run(base_df, _key),
                                                                    repeats_by_run(new_df, _key))
     spreads, reps = repeat_spreads(*per), (repeat_p50s(per[0]), repeat_p50s(per[1]))
+    raw = (base_df, new_df)  # every repeat: a failed check in one that the fold drops still counts
     base_df, new_df, fold_note = fold_repeats(base_df, new_df)
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
@@ -373,6 +412,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
         why = bad.get(tuple(row[k] for k in KEYS)) if not row["only_in"] else None
         if why and row["verdict"] in ("slower", "faster"):
             row.update(verdict="cannot judge", caveat=f"{row['verdict']}? {why}")
+    _check_and_timing(out, *raw)
     if fold_note:
         for row in out:
             if not row["only_in"]:
@@ -396,9 +436,17 @@ def split_only(df):
     return df[~only], df[only]
 
 
-def exit_status(df, fail_on_regression: bool) -> int:
-    """The CLI's exit status: 1 when asked to fail on a regression and any point is slower."""
-    return 1 if fail_on_regression and len(regressions(df)) else 0
+def check_failed(df):
+    """The points (matched or on one side only) whose data check failed on either side."""
+    return df[df["check_failed"].astype(str) != ""] if "check_failed" in df.columns else df.iloc[:0]
+
+
+def exit_status(df, fail_on_regression: bool, runs_check_failed=()) -> int:
+    """The CLI's exit status: 1 when asked to fail on a regression and any point is slower,
+    any point failed its data check on either side, or a run's meta.json says check_failed
+    (runs_check_failed): code that computes wrong results fails the gate however fast it is."""
+    bad = len(regressions(df)) or len(check_failed(df)) or len(runs_check_failed)
+    return 1 if fail_on_regression and bad else 0
 
 
 def summary(df) -> dict:
@@ -407,7 +455,8 @@ def summary(df) -> dict:
     counts = {v: int((matched["verdict"] == v).sum()) for v in VERDICTS}
     counts["only in base"] = int((only["only_in"] == "base").sum())
     counts["only in new"] = int((only["only_in"] == "new").sum())
-    counts["one run per side"] = int((matched["caveat"].astype(str) == ONE_RUN_CAVEAT).sum())
+    counts["check failed"] = int(matched["verdict"].astype(str).str.startswith("check failed").sum())
+    counts["one run per side"] = int(((matched["base_runs"] == 1) & (matched["new_runs"] == 1)).sum())
     return counts
 
 

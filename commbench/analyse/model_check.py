@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from commbench.core.errors import UsageError
+from commbench.core.user_files import read_user_text
 from commbench.moe import accounting
 
 from . import model as M
@@ -23,6 +24,7 @@ from .profiles import load_profile
 
 BOUND_RATIO = 1.5  # every held-out row within 1/1.5 .. 1.5 of its published time
 MEDIAN_BAND = (0.85, 1.15)  # each group's held-out median ratio
+NVL_PEERS = 8  # DeepEP's NVLink domain (NUM_MAX_NVL_PEERS): a node of its internode kernels
 GROUPS = ("moe-normal", "moe-low-latency", "all_reduce-intra", "all_reduce-multi")
 USES = ("fit", "held-out")
 MEASURES = ("busbw_GBps", "time_us", "deepep_nvl_GBps", "deepep_rdma_GBps")
@@ -45,7 +47,7 @@ def load_table(path) -> list[dict]:
     """The rows of a published-figures file, each checked; a bad row is a UsageError naming it."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        doc = tomllib.loads(read_user_text(p, "--against"))
     except OSError as e:
         raise UsageError(f"--against {p}: cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -77,6 +79,11 @@ def load_table(path) -> list[dict]:
         v = r["published"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise UsageError(f"{where}: published must be a positive number, got {v!r}")
+        if r["world"] < 2:  # one rank sends nothing: no time to model, nor a bus bandwidth
+            raise UsageError(f"{where}: world must be at least 2, got {r['world']}: at one rank nothing crosses a link")
+        if r["measure"] == "deepep_rdma_GBps" and r["world"] < 2 * NVL_PEERS:
+            raise UsageError(f"{where}: a deepep_rdma_GBps row is internode: world must be at least "
+                             f"{2 * NVL_PEERS} (two nodes of {NVL_PEERS}), got {r['world']}")
         need = ("nbytes",) if r["kind"] == "all_reduce" else ("tokens", "stage")
         for k in need:
             if k not in r:
@@ -124,8 +131,7 @@ def published_bytes(r: dict) -> float:
     E, K, T = s["experts"], s["topk"], r["tokens"]
     if r["measure"] == "deepep_nvl_GBps":  # rows a rank receives from all P ranks, its own included
         return p * T * accounting.q_at_least_one(E, E / p, K) * _row_bytes(r)
-    G = 8  # DeepEP's NVLink domain (NUM_MAX_NVL_PEERS)
-    N = p // G
+    N = p // NVL_PEERS
     return T * expected_groups_hit(E, N, K, min(N, s["groups"])) * _row_bytes(r)
 
 
@@ -173,6 +179,9 @@ def check(rows: list[dict]) -> list[dict]:
     for r in rows:
         t_pub = published_time_us(r)
         d = project_row(r, fabrics)
+        if not (t_pub > 0 and d["time_us"] > 0 and math.isfinite(t_pub) and math.isfinite(d["time_us"])):
+            raise UsageError(f"figure {r['id']}: no time to compare (published {t_pub:.4g} us, projected "
+                             f"{d['time_us']:.4g} us): check its world, size and shape")
         out.append({**r, "published_time_us": t_pub, "projected_time_us": d["time_us"],
                     "ratio": d["time_us"] / t_pub, "projected": _in_unit(r, d["time_us"]),
                     "algorithm_modelled": d["algorithm"], "bound": d["bound"], "why": d["why"]})
@@ -185,7 +194,8 @@ def within(ratio: float) -> bool:
 
 def summary(checked: list[dict]) -> dict:
     """held_within (n, N), all_within (n, N), medians {group: held-out median ratio},
-    medians_ok {group: bool}, ok (every held-out row within the bound and every median in band)."""
+    medians_ok {group: bool}, ok (every held-out row within the bound and every median in band,
+    and at least one row held out: a table whose rows all set the model tests nothing)."""
     held = [c for c in checked if c["use"] == "held-out"]
     medians = {g: statistics.median(c["ratio"] for c in held if c["group"] == g)
                for g in GROUPS if any(c["group"] == g for c in held)}
@@ -193,4 +203,4 @@ def summary(checked: list[dict]) -> dict:
     held_n = sum(within(c["ratio"]) for c in held)
     return {"held_within": (held_n, len(held)), "all_within": (sum(within(c["ratio"]) for c in checked), len(checked)),
             "medians": medians, "medians_ok": medians_ok,
-            "ok": held_n == len(held) and all(medians_ok.values())}
+            "ok": bool(held) and held_n == len(held) and all(medians_ok.values())}

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from commbench.core.errors import UsageError
+from commbench.core.user_files import read_user_text
 
 # GB/s per unit. Lower-case b is bits, upper-case B bytes; "Gbps" is how NICs are sold.
 _UNIT_GBPS = {
@@ -265,10 +266,10 @@ def load_profile(name_or_path) -> Profile:
     comes back with rates None (measured=True) until loopback_profile fills them."""
     p = Path(name_or_path)
     if isinstance(name_or_path, Path) or p.suffix == ".toml" or p.is_file():
-        if not p.is_file():
+        if not p.exists() and not p.is_symlink():
             raise UsageError(f"profile file {p} not found")
         try:
-            text = p.read_text(encoding="utf-8")
+            text = read_user_text(p, "profile file")  # a regular file within a bound (not a FIFO, /dev/zero)
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"profile file {p}: cannot read: {e}") from None
         return parse_profile_text(text, str(p))

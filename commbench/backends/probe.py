@@ -11,6 +11,15 @@ import numpy as np
 from commbench.backends.mpi import aligned_empty
 
 FALLBACK_LLC_NBYTES = 32 << 20
+# The beyond-cache probe copies 4 x the LLC, within these bounds. Why a cap: a VM sees its
+# host's whole last-level cache in sysfs (480 MiB on a 2-core guest of a large Xeon), and
+# 4 x that is two 1.9 GiB buffers and 8 s of copying at the start of every run, while one core
+# copies at the same rate from 256 MiB up there; a copy of 256 MiB streams 512 MiB through the
+# cache, beyond what one core of any current part holds.
+BEYOND_CACHE_MIN_NBYTES = 64 << 20
+# The in-cache probe copies LLC / 4, at most this: what one core of a VM's large shared L3 holds.
+IN_CACHE_MAX_NBYTES = 8 << 20
+BEYOND_CACHE_MAX_NBYTES = 256 << 20
 
 
 def _size_text(text: str) -> int:
@@ -97,8 +106,8 @@ def loopback_probe(comm) -> dict:
     llc = llc_nbytes()
     res = {"llc_nbytes": llc}
     if comm.rank == 0:
-        res["memcpy_in_cache_nbytes"] = llc // 4
-        res["memcpy_beyond_cache_nbytes"] = max(4 * llc, 64 << 20)
+        res["memcpy_in_cache_nbytes"] = min(llc // 4, IN_CACHE_MAX_NBYTES)
+        res["memcpy_beyond_cache_nbytes"] = min(max(4 * llc, BEYOND_CACHE_MIN_NBYTES), BEYOND_CACHE_MAX_NBYTES)
         for where in ("in_cache", "beyond_cache"):
             runs = memcpy_samples_gbps(res[f"memcpy_{where}_nbytes"])
             res[f"memcpy_{where}_gbps"] = float(np.median(runs))

@@ -51,6 +51,12 @@ ROW_SCHEMA: dict[str, str] = {
     "check": "ok, fail or skipped",
 }
 ROW_FIELDS = tuple(ROW_SCHEMA)
+# Fields a row carries only where they apply. A row without one (every row written before it
+# existed) reads as it is, absent meaning "not so": no version step, no migration.
+OPTIONAL_ROW_SCHEMA: dict[str, str] = {
+    "planted_delay_pct": "the regression gate's test hook (run/plant.py) slowed this point on purpose, by this "
+                         "share of its operation's median time: not a measurement of the code",
+}
 
 
 def point_key(benchmark: str, world: int, nbytes: int, dtype: str, params: dict, variant: str = "default",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from rich.markup import escape
 
@@ -12,6 +13,7 @@ from commbench.analyse.compare import (
     FDR_Q,
     ONE_RUN_CAVEAT,
     REPEAT_HINT,
+    check_failed,
     compare_runs,
     exit_status,
     nothing_in_common,
@@ -23,6 +25,7 @@ from commbench.core.units import fmt_size
 from commbench.report import terminal
 from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, size_cells, table
 from commbench.store.load import load_side, refuse_duplicates
+from commbench.store.results import load_meta
 
 
 def _params_text(key: str) -> str:
@@ -41,8 +44,10 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
     matched, _ = split_only(df)
     s = summary(df)
     counts = f"{s['slower']} slower, {s['faster']} faster, {s['not significant']} not significant"
+    if s["check failed"]:
+        counts = f"{s['check failed']} check failed (wrong results, not judged), " + counts
     if s["cannot judge"]:
-        counts += f", {s['cannot judge']} cannot judge (a row disturbed or oversubscribed)"
+        counts += f", {s['cannot judge']} cannot judge ({_cannot_judge_why(matched)})"
     thr = f"threshold {threshold_pct:g} %; " if threshold_pct is not None else ""
     single = s["one run per side"]
     if not len(matched) or single == len(matched):
@@ -59,6 +64,49 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
                     f"neighbouring sizes; a change counts when it passes the threshold and survives "
                     f"Benjamini-Hochberg at {FDR_Q:.0%} over all points (q-value), so identical code is called "
                     f"changed anywhere in a sweep at most {FDR_Q:.0%} of the time"))
+
+
+def _cannot_judge_why(matched) -> str:
+    """Why the points that cannot be judged cannot: the timing methods the sides measured by
+    (different methods measure different things), or the host."""
+    cav = list(matched.loc[matched["verdict"] == "cannot judge", "caveat"].astype(str))
+    why = {}
+    for c in cav:
+        w = c if c.startswith("timing ") else "a row disturbed or oversubscribed"
+        why[w] = why.get(w, 0) + 1
+    return why.popitem()[0] if len(why) == 1 else ", ".join(f"{n} {w}" for w, n in why.items())
+
+
+def check_line(df, runs_check_failed, fail_on_regression: bool) -> str:
+    """The line that opens compare's output when a side's data check failed (its rows say
+    check = fail, or its meta.json says check_failed): '' when none did."""
+    bad = check_failed(df)
+    if not len(bad) and not runs_check_failed:
+        return ""
+    parts = []
+    for side in ("base", "new"):
+        pts = bad[bad["check_failed"].isin([side, "both"])]
+        if len(pts):
+            r = pts.iloc[0]
+            parts.append(f"the {side} side's data check failed at {len(pts)} point(s) "
+                         f"({r['benchmark']} {fmt_size(int(r['nbytes']))} B {r['dtype']} world {r['world']} first)")
+    if runs_check_failed:
+        parts.append(f"meta.json of {', '.join(runs_check_failed)} says check_failed")
+    then = "the regression gate fails" if fail_on_regression else "compare --fail-on-regression fails on this"
+    return f"check failed: {'; '.join(parts)}: those results are wrong, whatever their speed; {then}"
+
+
+def runs_with_failed_checks(paths) -> list[str]:
+    """The runs (as given) whose meta.json says check_failed, for the run or any variant."""
+    out = []
+    for p in paths:
+        d = Path(p).parent if Path(p).name == "rows.jsonl" else Path(p)
+        meta = load_meta(d)
+        variants = meta.get("variants") if isinstance(meta.get("variants"), dict) else {}
+        states = [meta.get("status")] + [v.get("status") for v in variants.values() if isinstance(v, dict)]
+        if "check_failed" in states:
+            out.append(str(p))
+    return out
 
 
 def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
@@ -114,8 +162,9 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     records = shown.to_dict("records")
     sizes = size_cells([r["nbytes"] for r in records])  # one format down the column
     for r, size in zip(records, sizes):
-        style = {"slower": "red", "faster": "green"}.get(r["verdict"])
-        verdict = r["verdict"] + (" (1 run/side: noise or change?)" if r["caveat"] == ONE_RUN_CAVEAT
+        style = {"slower": "red", "faster": "green"}.get(r["verdict"], "red" if r.get("check_failed") else None)
+        verdict = r["verdict"] + ("" if r.get("check_failed") else " (1 run/side: noise or change?)"
+                                  if r["caveat"] == ONE_RUN_CAVEAT
                                   else f" ({r['caveat']})" if r["caveat"] else "")
         cells = [r["benchmark"]] + ([r["backend"]] if cols_opt["backend"] else []) + \
             [str(r["world"]), size] + \
@@ -178,10 +227,15 @@ def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: boo
     matched, _ = split_only(df)
     if matched.empty:  # a gate that compared nothing must not pass
         raise UsageError(f"nothing was compared: {nothing_in_common(*sides)}")
+    failed_runs = runs_with_failed_checks(base + new)
+    line = check_line(df, failed_runs, fail_on_regression)
+    console = console or terminal.make_console()
+    if line:  # first: a gate that fails on wrong results says so before any table
+        console.print(escape(line), soft_wrap=True, highlight=False)
     print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
     if csv_out:
         df.to_csv(csv_out, index=False)
-    return exit_status(df, fail_on_regression)
+    return exit_status(df, fail_on_regression, failed_runs)
 
 
 def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:

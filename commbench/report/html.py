@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import time
 from pathlib import Path
 
 from commbench.analyse.ceilings import load_profile
 from commbench.core.errors import UsageError
+from commbench.core.safe_write import write_atomic
 from commbench.report import plots
 from commbench.report.sections import (  # noqa: F401
     _rejudge,
@@ -26,14 +28,28 @@ from commbench.report.sections import (  # noqa: F401
 )
 from commbench.report.terminal import skipped_variants
 from commbench.report.viewkit import Section
-from commbench.store.load import load
+from commbench.store.load import load, names_for
 from commbench.store.results import load_meta
 
 # ---------------------------------------------------------------------------------------
 # rendering
 
+# What makes Markdown out of plain text: code, emphasis, links and images, strikethrough, a
+# table's column, an escape; "_" only where it can open or close emphasis (not in all_reduce).
+_MD_SPECIAL = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def _md_text(s) -> str:
+    """Text from data (a run's or a benchmark's name, an imported header, a command line) as
+    Markdown shows it: <, > and & as entities (a Markdown renderer passes raw HTML through,
+    as report.html does not), the characters that make Markdown backslash-escaped, and one
+    line (a newline would end a table row or a list item)."""
+    text = html.escape(str(s), quote=False).replace("\r", " ").replace("\n", " ")
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
 def _md_cell(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+    return _md_text(s)
 
 
 def _md_table(headers, rows) -> str:
@@ -94,23 +110,24 @@ def _md_fold(s: Section) -> list[str]:
 
 
 def _render_md(title, lines, runs, sections, fig_rel) -> str:
-    out = [f"# {title}", ""]
+    t = _md_text  # every text below may come from data; the markup around it is this function's
+    out = [f"# {t(title)}", ""]
     out.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by commbench.")
     out.append("")
-    out += [f"- {x}" for x in lines]
+    out += [f"- {t(x)}" for x in lines]
     for s in sections:
-        out += ["", "#" * s.level + f" {s.title}", ""]
+        out += ["", "#" * s.level + f" {t(s.title)}", ""]
         if s.note:
-            out += [f"_{s.note}_", ""]
+            out += [f"_{t(s.note)}_", ""]
         if s.bullets:
-            out += [f"- {b}" for b in s.bullets] + [""]
+            out += [f"- {t(b)}" for b in s.bullets] + [""]
         for f in s.figures:
-            out += [f"![{f.title}]({fig_rel[f.name]})", ""] + ([f"_{f.caption}_", ""] if f.caption else [])
+            out += [f"![{t(f.title)}]({fig_rel[f.name]})", ""] + ([f"_{t(f.caption)}_", ""] if f.caption else [])
         out += _md_fold(s)
     out += ["", "## Runs"]
     for name, pairs in runs:
-        out += ["", f"### {name}", ""]
-        out += [f"- **{k}**: {v}" for k, v in pairs]
+        out += ["", f"### {t(name)}", ""]
+        out += [f"- **{t(k)}**: {t(v)}" for k, v in pairs]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -175,7 +192,9 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
     if not paths:
         raise UsageError("report needs at least one result directory")
     df = load(paths)
-    metas = {_run_name(p): load_meta(p if p.is_dir() else p.parent) for p in paths}
+    # Keyed by the name load() gives each run's rows: two runs that share a directory name
+    # ("x1/quick", "y1/quick") are two runs here too.
+    metas = {name: load_meta(p if p.is_dir() else p.parent) for name, p in zip(names_for(paths), paths)}
     notes = []
     if df.empty:
         raise UsageError(f"{', '.join(map(str, paths))}: no rows to report")
@@ -214,9 +233,9 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
         runs.append(("ceilings", [("profile", f"{profile.name}: every row judged against it")]))
     fig_rel = {n: f"figures/{Path(f.path).name}" for n, f in figures.items()}
     md = out / "report.md"
-    md.write_text(_render_md(title, lines, runs, sections, fig_rel))
+    write_atomic(md, _render_md(title, lines, runs, sections, fig_rel))
     hp = out / "report.html"
-    hp.write_text(_render_html(title, lines, runs, sections))
+    write_atomic(hp, _render_html(title, lines, runs, sections))
     return {"markdown": md, "html": hp, "figures": {n: Path(f.path) for n, f in figures.items()},
             "series": {n: list(f.series) for n, f in figures.items()}, "notes": notes, "drawn": figures,
             "findings": [f for t in dict.fromkeys(f.topic for f in summary.findings)

@@ -25,6 +25,11 @@ def summary_lines(s: dict) -> list[str]:
     for g, m in s["medians"].items():
         lines.append(f"median ratio, {g} (held-out): {m:.2f}  "
                      + ("within" if s["medians_ok"][g] else "OUTSIDE") + f" {lo}-{hi}")
+    if not s["held_within"][1]:  # every row set a rate or term: nothing was left to test the model
+        lines[0] = "held-out: none (every row is use = \"fit\": it set a rate or term of the model)"
+        lines.append("verdict: nothing to judge: no figure is held out, so the table cannot test the model "
+                     "(add rows with use = \"held-out\")")
+        return lines
     lines.append("verdict: " + ("the model agrees with every held-out figure" if s["ok"] else
                                 "the model misses: see the rows and medians above")
                  + " (ratio = projected / published time; below 1 the model is too fast)")
@@ -32,7 +37,8 @@ def summary_lines(s: dict) -> list[str]:
 
 
 def cmd_against(path, console, plain: bool) -> int:
-    """Print the table and the summary; exit status 0 when the held-out rows pass, else 1."""
+    """Print the table and the summary; exit status 0 when the held-out rows pass, else 1 (also
+    when no row is held out: nothing was tested)."""
     rows = load_table(path or default_table())
     checked = check(rows)
     t = Table(title=f"the what-if model against published figures ({path or default_table()})",

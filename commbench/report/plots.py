@@ -13,6 +13,7 @@ from pathlib import Path
 
 from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
 from commbench.analyse.ceilings import is_inswitch
+from commbench.core.safe_write import make_dir
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
@@ -290,8 +291,7 @@ def make_figures(df, out_dir, profile=None) -> dict[str, FigureInfo]:
     """Every figure whose data exists, written as out_dir/<name>.png. df holds the rows
     (a `run` column names each run); rows already carry ceiling_gbps /
     ceiling_achieved_gbps from their run or from rejudging against a profile."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_dir(out_dir)  # a link named figures/: refused, nothing drawn where it points
     if df is None or len(df) == 0:
         return {}
     d = _prep(df)

@@ -20,7 +20,7 @@ from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
 from commbench.report.repeat_findings import fastest_repeat, per_repeat, repeat_medians
-from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, rejudge_rows, time_caption
+from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, planted_line, rejudge_rows, time_caption
 from commbench.report.variants_view import variant_comparisons
 from commbench.report.viewkit import (
     Finding,
@@ -255,6 +255,10 @@ def check_findings(df) -> list[Finding]:
         else:
             out.append(Finding("checks", "data check", f"none of {len(df)} points checked (imported, or --no-check)",
                                "the results are unverified"))
+    planted = planted_line(df)
+    if planted:
+        out.append(Finding("checks", "planted slowdown", planted.split(": ", 1)[1],
+                           "those points were slowed on purpose: read no verdict from them"))
     if "warning" in df.columns and df["warning"].map(has).any():
         w = df[df["warning"].map(has)]
         out.append(Finding("checks", "warnings", f"{len(w)} rows ({', '.join(sorted(set(w['benchmark'])))}): "

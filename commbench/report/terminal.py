@@ -28,7 +28,7 @@ from commbench.report.viewkit import (
     table,
     text,
 )
-from commbench.store.load import load
+from commbench.store.load import load, names_for
 from commbench.store.results import load_meta
 
 
@@ -320,6 +320,21 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
                       markup=False)
 
 
+def planted_line(df) -> str | None:
+    """The points the regression gate's test hook slowed on purpose (rows with
+    planted_delay_pct), named in one line; None when no row was planted."""
+    if df is None or "planted_delay_pct" not in df.columns:
+        return None
+    rows = df[df["planted_delay_pct"].map(has)]
+    if rows.empty:
+        return None
+    named = list(dict.fromkeys(f"{r['benchmark']} {r['dtype']} {fmt_size(int(r['nbytes']))} B "
+                               f"+{float(r['planted_delay_pct']):g} %" for _, r in rows.iterrows()))
+    more = f" and {len(named) - 6} more" if len(named) > 6 else ""
+    return (f"planted slowdown: {len(rows)} row(s) were slowed on purpose by the regression gate's test hook "
+            f"(COMMBENCH_PLANT_POINTS): {', '.join(named[:6])}{more}; not measurements of the code")
+
+
 def report_runs(paths, profile=None) -> None:
     for p in paths:
         meta = load_meta(p)
@@ -337,15 +352,14 @@ def report_runs(paths, profile=None) -> None:
     analysis_tables(df)
     if "variant" in df and df["variant"].nunique() > 1 and _STYLE == "table":
         variant_tables(df, None, skipped_variants(load_meta(p) for p in paths))
+    planted = planted_line(df)
+    if planted:
+        print(f"warning: {planted}", flush=True)
 
 
 def rejudge(df, paths, profile):
     """Recompute every row's ceiling fields against `profile`, with each run's node map."""
-    from pathlib import Path
-
-
-    nodes = {(Path(p).name if Path(p).is_dir() else Path(p).parent.name): (load_meta(p) or {}).get("nodes")
-             for p in paths}
+    nodes = {name: (load_meta(p) or {}).get("nodes") for name, p in zip(names_for(paths), paths)}
     return rejudge_rows(df, nodes, profile)
 
 

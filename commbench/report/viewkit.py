@@ -7,12 +7,14 @@ rich and matplotlib are imported inside the functions that draw, as everywhere e
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commbench.core.safe_write import file_name, write_atomic
 from commbench.core.schema import has, params_dict  # noqa: F401 (has: the views read it from here too)
 from commbench.core.units import fmt_size
 
@@ -388,15 +390,31 @@ class capturing:
 
 
 def save_figure(fig, out_dir: Path, name: str) -> Path:
-    """Write out_dir/<name>.png."""
+    """Write out_dir/<name>.png: name made a plain file name (a benchmark "x/../y" stays in
+    out_dir), every text drawn as written, the file replaced, never written through a link."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
-    path = Path(out_dir) / f"{name}.png"
-    fig.savefig(path, format="png", dpi=DPI)
+    draw_literally(fig)
+    path = Path(out_dir) / f"{file_name(name)}.png"
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    write_atomic(path, png.getvalue())
     if _captured:
         _captured[-1][path] = fig
     return path
+
+
+def draw_literally(fig) -> None:
+    """Texts of fig that matplotlib would read as mathtext (a "$" pair in a run, benchmark
+    or dtype name) drawn as written, not parsed ("$\\foo$" is a parse error). Tick labels a
+    formatter writes at draw time (a log axis's 10^n) are not there yet: they keep theirs."""
+    from matplotlib.cbook import is_math_text
+    from matplotlib.text import Text
+
+    for t in fig.findobj(Text):
+        if t.get_parse_math() and is_math_text(t.get_text()):
+            t.set_parse_math(False)
 
 
 def size_ticks(ax, sizes, most: int = 12) -> None:

@@ -37,6 +37,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from commbench.core.safe_write import LinkRefused, make_dir, open_nofollow, write_atomic
+
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SIGNAL_BASE = 128
 EXIT_PEER_FAILED = 1
@@ -79,14 +81,12 @@ class Guard:
     def start(self) -> None:
         if self.progress_dir is not None:
             try:
-                self.progress_dir.mkdir(parents=True, exist_ok=True)
-            except OSError:
+                make_dir(self.progress_dir)
+            except (OSError, LinkRefused):  # a link named .progress: nothing is written where it points
                 self.progress_dir = None
         if self.progress_dir is not None:
             try:
-                slot = self.progress_dir / f".slot-{self.rank}"
-                slot.write_bytes(b" " * FAILURE_SLOT_NBYTES)
-                self._slot = slot
+                self._slot = write_atomic(self.progress_dir / f".slot-{self.rank}", b" " * FAILURE_SLOT_NBYTES)
             except OSError:
                 pass
         # The C-level handler writes the signal number to the pipe even while the main
@@ -153,19 +153,17 @@ class Guard:
         data = json.dumps({"rank": self.rank, "reason": reason[:FAILURE_SLOT_NBYTES - 100]}).encode()
         final = self.progress_dir / f"failed-{self.launch}-rank-{self.rank}"
         try:
-            tmp = self.progress_dir / f".failed-{self.rank}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, final)
+            write_atomic(final, data)
         except OSError:
             # A full disk: overwrite the space taken at start-up (no new blocks), then rename.
             try:
                 if self._slot is None:
                     return False
-                with open(self._slot, "r+b") as f:
+                with os.fdopen(open_nofollow(self._slot, os.O_RDWR), "r+b") as f:
                     f.write(data)
                     f.truncate(len(data))
                 os.replace(self._slot, final)
-            except OSError:
+            except (OSError, LinkRefused):
                 return False
         return True
 
@@ -187,10 +185,8 @@ class Guard:
         if self.progress_dir is None:
             return
         try:
-            tmp = self.progress_dir / f".rank-{self.rank}.tmp"
-            tmp.write_text(json.dumps({"step": self._step, "where": where, "time": time.time(),
-                                       "pid": os.getpid()}))
-            os.replace(tmp, self.progress_dir / f"rank-{self.rank}")
+            write_atomic(self.progress_dir / f"rank-{self.rank}",
+                         json.dumps({"step": self._step, "where": where, "time": time.time(), "pid": os.getpid()}))
         except OSError:
             pass
 
@@ -198,7 +194,7 @@ class Guard:
         if self.progress_dir is None:
             return
         try:
-            os.utime(self.progress_dir / f"rank-{self.rank}")
+            os.utime(self.progress_dir / f"rank-{self.rank}", follow_symlinks=False)
         except OSError:
             pass
 
@@ -316,7 +312,10 @@ class Guard:
 
     def _end(self, status: str, reason: str, code: int) -> None:
         try:
-            print(f"commbench: error: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
+            try:
+                print(f"commbench: error: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
+            except OSError:  # nowhere to say it (mpirun gone with its launcher): the run is marked all the same
+                pass
             if self.on_fatal is not None:
                 self.on_fatal(status, reason)
         finally:

@@ -7,13 +7,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from commbench.backends.rendezvous import free_port
 from commbench.core.errors import UsageError
+from commbench.core.safe_write import LinkRefused, make_dir, open_nofollow
 from commbench.core.whoami import LaunchInfo, detect, find_mpirun, local_ranks, node_ids  # noqa: F401 (the launch's facts)
+from commbench.run.stops import dies_with_launcher, kill_session, note_stop, signal_session
 from commbench.store.results import RunDir
 
 
@@ -69,24 +70,32 @@ def new_launch_id() -> str:
     return f"{os.getpid()}-{time.time_ns()}"
 
 
-def marked_path(launch_id: str, what: str = "marked") -> Path:
-    """Where rank 0 of a launch tells its launcher what it did to the run: "opened" (this
-    launch took the run over: any status meta.json holds from then on is this launch's) and
-    "marked" (the run's status is final). A file named by the launch, so a status an earlier
-    launch left in meta.json (the failed run a resume continues, the variant launched
-    before) never reads as this launch's."""
-    return Path(tempfile.gettempdir()) / f"commbench-{what}-{launch_id}"
+# What rank 0 of a launch tells its launcher, in the order it happens (marked_path).
+MARKS = ("started", "opened", "marked")
 
 
-def say_marked(what: str = "marked") -> None:
-    """Rank 0: the run is opened by this launch, or marked (complete, failed, interrupted);
-    the launcher that started this launch gives the ranks the run's timeout to exit once
-    marked. Nothing to do under a launcher of another tool."""
+def marked_path(run_dir, launch_id: str, what: str = "marked") -> Path:
+    """Where rank 0 of a launch tells its launcher what it did: "started" (every rank is up:
+    the backend started and they have met once), "opened" (this launch took the run over:
+    any status meta.json holds from then on is this launch's) and "marked" (the run's status
+    is final). A file named by the launch, so a status an earlier launch left in meta.json
+    (the failed run a resume continues, the variant launched before) never reads as this
+    launch's. In the run's own .progress folder, not in /tmp: a launcher killed outright
+    cannot remove what its ranks write after it, and the run directory is theirs to write."""
+    return Path(run_dir) / ".progress" / f"launch-{launch_id}.{what}"
+
+
+def say_marked(what: str, run_dir) -> None:
+    """Rank 0: every rank started, the run is opened by this launch, or it is marked
+    (complete, failed, interrupted); the launcher that started this launch gives the ranks
+    the run's timeout to exit once marked. Nothing to do under a launcher of another tool."""
     launch_id = os.environ.get(LAUNCH_ID_ENV, "")
     if launch_id and all(c.isalnum() or c == "-" for c in launch_id):
+        path = marked_path(run_dir, launch_id, what)
         try:
-            marked_path(launch_id, what).touch()
-        except OSError:
+            make_dir(path.parent)
+            os.close(open_nofollow(path, os.O_CREAT | os.O_WRONLY))
+        except (OSError, LinkRefused):
             pass
 
 
@@ -141,10 +150,43 @@ def say_once(line: str, env=None, everywhere: bool = False) -> None:
             first = False
         except OSError:
             first = info.rank == 0
+        _count_said(name, _host_ranks(env))
     if first:
         print(line, file=sys.stderr, flush=True)
     else:
         time.sleep(1.0)
+
+
+def _host_ranks(env) -> int | None:
+    """How many ranks of this launch run on this host, where the launcher says (as
+    whoami.local_ranks, from env)."""
+    env = os.environ if env is None else env
+    for k in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if env.get(k, "").isdigit():
+            return int(env[k])
+    return None
+
+
+def _count_said(name: str, host_ranks: int | None) -> None:
+    """Each rank adds a byte to the marker; the last rank of the host to arrive removes it,
+    so a refusal leaves nothing in /tmp. Where the launcher does not say how many ranks run
+    here, the marker stays until the next refusal finds it stale (SAID_MARKER_FRESH_S)."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.write(fd, b".")  # one byte with O_APPEND: the ranks' appends never overwrite each other
+        arrived = os.fstat(fd).st_size
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    if host_ranks is not None and arrived >= host_ranks:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
 
 
 @functools.lru_cache(maxsize=8)
@@ -188,6 +230,15 @@ def local_mpi_env(env: dict, mpirun: str | None = None) -> dict:
 GRACE_S = 10.0
 # The launcher's status when it had to stop ranks that hung after the run was marked.
 EXIT_TEARDOWN_HUNG = 124
+# Until rank 0 says every rank started (marked_path "started": the backend is up and the
+# ranks have met), no watchdog of the ranks' own runs: an MPI_Init that never returns, or an
+# mpirun that waits forever on a rank that died in it, would hold the launcher without end.
+# The launcher bounds that wait at the run's --timeout (the longest the backend's own
+# rendezvous waits) plus this floor: starting the interpreters and importing the libraries
+# on a busy host. Past it the job is stopped and the run marked failed.
+STARTUP_FLOOR_S = 30.0
+# The launcher's status when the ranks did not start within that bound (as timeout(1)).
+EXIT_STARTUP_HUNG = 124
 
 # `--np` starts every rank on this host: more than this many per core measures the scheduler,
 # not the fabric, and far more exhausts the host (processes, ptys, memory) before a rank runs.
@@ -231,15 +282,18 @@ def check_local_ranks(np_: int) -> None:
 
 
 def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = None,
-                extra_env: dict | None = None, timeout_s: float = 0.0) -> int:
+                extra_env: dict | None = None, timeout_s: float = 0.0, variant: str | None = None) -> int:
     """Start np_ ranks on this host and wait; returns the worst exit status.
 
     mpi: one mpirun, which ends the job when a rank dies. gloo/nccl: np_ processes; when
     one exits non-zero the others would wait on it forever, so they are stopped. Ctrl-C
-    (SIGINT to this launcher) is passed to the ranks, which mark the run interrupted. At
-    the end the run's meta.json is checked: a run whose rank 0 died before it could say
-    so is marked failed here. timeout_s: the run's watchdog timeout, which the job gets to
-    exit once its rank 0 has marked the run (marked_path)."""
+    (SIGINT to this launcher) is passed to the ranks, which mark the run interrupted, and so
+    are SIGTERM and SIGHUP; the signal is noted (stopped_by), so a launcher of several
+    launches starts no other. At the end the run's meta.json is checked: a run whose rank 0
+    died before it could say so is marked failed here, and no variant is left `running`.
+    timeout_s: the run's watchdog timeout, which bounds the job's start-up (STARTUP_FLOOR_S)
+    and which the job gets to exit once its rank 0 has marked the run (marked_path).
+    variant: the variant this launch runs, settled with the run."""
     import signal
 
     os.environ.setdefault("COMMBENCH_TTY", "1" if sys.stdout.isatty() else "0")
@@ -260,38 +314,42 @@ def spawn_local(np_: int, backend: str, argv: list[str], out_dir: str | None = N
     # (`| head -1`) costs only the console output; mpirun would abort on the closed pipe and
     # take the job with it.
     out = None if sys.stdout.isatty() else subprocess.PIPE
-    if backend == "mpi":
-        # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
-        procs = [subprocess.Popen(mpirun_command(np_, argv), start_new_session=True, env=local_mpi_env(base_env),
-                                  stdout=out)]
-    else:
-        port = free_port()
-        procs = []
-        for r in range(np_):
-            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
-                       LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
-                                          start_new_session=True, stdout=out))
-    relays = [_relay(p.stdout) for p in procs if p.stdout is not None]
     # SIGTERM or SIGHUP to the launcher (a scheduler's stop, a closed terminal) is passed to
-    # the job, which marks the run and ends; the launcher waits for it, as for Ctrl-C.
+    # the job, which marks the run and ends; the launcher waits for it, as for Ctrl-C. Taken
+    # before the job starts: one that comes while it starts stops it all the same.
     got: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _f: got.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGHUP)}
+    procs, relays, causes = [], [], []
     try:
-        status = _wait_job(procs, got, out_dir, launch_id, timeout_s)
+        if backend == "mpi":
+            # Own session, so a terminal's Ctrl-C reaches the ranks once, through us.
+            procs.append(subprocess.Popen(mpirun_command(np_, argv), start_new_session=True,
+                                          env=local_mpi_env(base_env), stdout=out, preexec_fn=dies_with_launcher()))
+        else:
+            port = free_port()
+            for r in range(np_):
+                env = dict(base_env, RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r),
+                           LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen([sys.executable, "-m", "commbench"] + argv, env=env,
+                                              start_new_session=True, stdout=out))
+        relays = [_relay(p.stdout) for p in procs if p.stdout is not None]
+        status = _wait_job(procs, got, out_dir, launch_id, timeout_s, causes)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
         for t in relays:  # the job's last lines; a rank's orphan holding the pipe is not waited for
             t.join(RELAY_DRAIN_S)
     interrupted = status == 130
-    opened = marked_path(launch_id, "opened")
+    if got or interrupted:
+        note_stop(got[0] if got else signal.SIGINT)
     if out_dir:
-        why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else None
-        RunDir(out_dir).settle(status, interrupted or bool(got), why, ours=opened.exists())
-    for what in ("opened", "marked"):
-        marked_path(launch_id, what).unlink(missing_ok=True)
+        why = f"{signal.Signals(got[0]).name} to the launcher stopped the job" if got else \
+            (causes[0] if causes else None)
+        RunDir(out_dir).settle(status, interrupted or bool(got), why,
+                               ours=marked_path(out_dir, launch_id, "opened").exists(), variant=variant)
+        for what in MARKS:
+            marked_path(out_dir, launch_id, what).unlink(missing_ok=True)
     return status
 
 
@@ -327,50 +385,40 @@ def _relay(pipe):
     return t
 
 
-def _signal_session(p, sig) -> None:
-    """Send sig to a rank (or mpirun), and SIGCONT to its session's process group: a rank
-    stopped (SIGSTOP, a debugger) would otherwise hold the signal unread until it is killed."""
-    import signal
-
-    if p.poll() is not None:
-        return
-    p.send_signal(sig)
-    try:
-        os.killpg(p.pid, signal.SIGCONT)
-    except OSError:
-        pass
-
-
-def _kill_session(p) -> None:
-    """SIGKILL a rank, or mpirun with the ranks it started: each was started in a session of
-    its own, whose process group has the child's pid."""
-    import signal
-
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except OSError:
-        p.kill()
-
-
-def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "", timeout_s: float = 0.0) -> int:
+def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "", timeout_s: float = 0.0,
+              causes: list[str] | None = None) -> int:
     """Wait for the ranks (or mpirun); stop the rest when one fails, pass on Ctrl-C and the
-    signals in `got`, and kill whatever is left GRACE_S after a stop. Once rank 0 has marked
-    the run, the job gets its watchdog timeout (at least GRACE_S) to exit: a rank frozen in
-    the teardown (where no rank's watchdog can reach it: mpirun waits for the frozen one
-    after the others exit cleanly) is then stopped like any other. What the launcher knows
-    of the run it learns from its own launch: the timeout it was given, and the marker its
-    rank 0 leaves (marked_path), never a status in meta.json. Returns the status."""
+    signals in `got`, and kill whatever is left GRACE_S after a stop. A job whose rank 0 has
+    not said that every rank started within the start-up bound (STARTUP_FLOOR_S) is stopped,
+    its cause added to `causes`. Once rank 0 has marked the run, the job gets its watchdog
+    timeout (at least GRACE_S) to exit: a rank frozen in the teardown (where no rank's
+    watchdog can reach it: mpirun waits for the frozen one after the others exit cleanly) is
+    then stopped like any other. What the launcher knows of the run it learns from its own
+    launch: the timeout it was given, and the markers its rank 0 leaves (marked_path), never
+    a status in meta.json. Returns the status."""
     import signal
 
     interrupted, status, stop_at, forwarded = False, 0, None, None
-    drain_at, next_look = None, 0.0
+    drain_at, next_look, causes = None, 0.0, [] if causes is None else causes
+    startup_s = timeout_s + STARTUP_FLOOR_S
+    start_by = time.monotonic() + startup_s if out_dir and launch_id else None
     while True:
         try:
             if out_dir and drain_at is None and stop_at is None and time.monotonic() >= next_look:
                 next_look = time.monotonic() + 1.0
-                if launch_id and marked_path(launch_id).exists():
+                if start_by is not None and any(marked_path(out_dir, launch_id, w).exists() for w in MARKS):
+                    start_by = None
+                if start_by is not None and time.monotonic() > start_by:
+                    why = (f"the ranks did not start within {startup_s:g} s (--timeout {timeout_s:g} + "
+                           f"{STARTUP_FLOOR_S:g} s to start up): a rank's MPI or backend did not start (its own "
+                           f"messages, if any, are above); the job is stopped")
+                    print(f"commbench: error: {why}", file=sys.stderr, flush=True)
+                    causes.append(why)
+                    status = status or EXIT_STARTUP_HUNG
+                    for p in procs:
+                        signal_session(p, signal.SIGTERM)
+                    stop_at = time.monotonic() + GRACE_S
+                if launch_id and marked_path(out_dir, launch_id).exists():
                     drain_at = time.monotonic() + max(GRACE_S, timeout_s)
             if drain_at is not None and stop_at is None and time.monotonic() > drain_at:
                 why = f"ranks had not exited {max(GRACE_S, timeout_s):g} s after the run was marked: stopped"
@@ -379,12 +427,12 @@ def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "", timeout_
                 RunDir(out_dir).note_teardown(why)
                 status = status or EXIT_TEARDOWN_HUNG
                 for p in procs:
-                    _signal_session(p, signal.SIGTERM)
+                    signal_session(p, signal.SIGTERM)
                 stop_at = time.monotonic() + GRACE_S
             if got and forwarded is None:
                 forwarded = got[0]
                 for p in procs:
-                    _signal_session(p, signal.SIGTERM)
+                    signal_session(p, signal.SIGTERM)
                 stop_at = time.monotonic() + GRACE_S
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -393,20 +441,20 @@ def _wait_job(procs, got: list[int], out_dir=None, launch_id: str = "", timeout_
             if bad and stop_at is None:
                 status = status or bad[0]
                 for p in procs:
-                    _signal_session(p, signal.SIGTERM)
+                    signal_session(p, signal.SIGTERM)
                 stop_at = time.monotonic() + GRACE_S
             if stop_at is not None and time.monotonic() > stop_at:
                 for p in procs:
-                    _kill_session(p)
+                    kill_session(p)
             time.sleep(0.05)
         except KeyboardInterrupt:
             if interrupted:  # a second Ctrl-C: no more waiting
                 for p in procs:
-                    _kill_session(p)
+                    kill_session(p)
                 continue
             interrupted = True
             for p in procs:
-                _signal_session(p, signal.SIGINT)
+                signal_session(p, signal.SIGINT)
             stop_at = time.monotonic() + GRACE_S
     codes = [p.wait() for p in procs]
     status = status or next((c for c in codes if c), 0)

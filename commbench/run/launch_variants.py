@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from commbench.run.variants import lookup
 from commbench.store.load import load
 from commbench.store.results import RunDir, Status, base_meta, overall_status
 
-from . import launch
+from . import launch, stops
 from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
 
 
@@ -94,9 +95,10 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
     # repeat alike); repeats in one process would all share it, as repeats in fresh ones do
     # not (pyperf runs its benchmarks in many worker processes for the same reason).
     rounds = range(1, repeat + 1) if repeat > 1 and runnable else [None]
-    stopped = False
-    for rep in rounds:
-        for v in runnable:
+    with stops.noting_stops():  # a signal between two launches stops the run as one inside a launch does
+        for v, rep in ((v, rep) for rep in rounds for v in runnable):
+            if stops.stopped_by() is not None:  # Ctrl-C, SIGTERM or SIGHUP: no further launch
+                break
             env = dict(v.env)
             if rep is not None:
                 env[launch.REPEAT_UPTO_ENV] = str(rep)
@@ -110,19 +112,15 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
             elif rep:
                 print(f"repeat {rep} of {repeat}: a launch of its own", flush=True)
             rc = launch.spawn_local(np_, backend, child_argv + ["--variant", v.name], out_dir=out, extra_env=env,
-                                    timeout_s=cfg.timeout_s)
-            if v.name not in library:
+                                    timeout_s=cfg.timeout_s, variant=v.name)
+            if v.name not in library and stops.stopped_by() is None:
                 library[v.name] = library_report(v, backend, np_, out)
                 if library[v.name].get("mismatch"):
                     print(f"variant {v.name}: asked for {library[v.name]['asked']} but the library used "
                           f"{library[v.name]['used']}", flush=True)
             status = status or rc
-            stopped = rc == 130
-            if stopped:
-                break
-        if stopped:
-            break
-    _finish_meta(out, cfg, skipped, library)
+    stop = stops.stopped_by()
+    _finish_meta(out, cfg, skipped, library, [v.name for v in runnable] if stop is not None else [], stop)
     if Path(out, "rows.jsonl").is_file():
         if vplan.note:
             print(f"note: {vplan.note}", flush=True)
@@ -131,7 +129,7 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
         # skipped ones were announced above; a baseline that did not run leaves the choice to the report
         if len(vplan.entries) > 1:  # one variant (a plain run with repeats): its launches printed its tables
             variant_tables(df, vplan.baseline if vplan.baseline in ran else None)
-    return status
+    return stops.exit_status(stop) if stop is not None else status
 
 
 def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: list[str], out: str,
@@ -140,13 +138,17 @@ def resume_variants(cfg, names: list[str], np_: int, backend: str, child_argv: l
     (with its settings in the environment, as the first launch had them)."""
 
     status = 0
-    for name in names:
-        child = child_argv + ([] if one_named else ["--variant", name])
-        status = launch.spawn_local(np_, backend, child, out_dir=out, extra_env=lookup(cfg, name).env,
-                                    timeout_s=cfg.timeout_s) or status
-        if status == 130:
-            break
-    return status
+    with stops.noting_stops():
+        for name in names:
+            if stops.stopped_by() is not None:  # Ctrl-C, SIGTERM or SIGHUP: no further launch
+                break
+            child = child_argv + ([] if one_named else ["--variant", name])
+            status = launch.spawn_local(np_, backend, child, out_dir=out, extra_env=lookup(cfg, name).env,
+                                        timeout_s=cfg.timeout_s, variant=name) or status
+    stop = stops.stopped_by()
+    if stop is not None:
+        _finish_meta(out, cfg, {}, {}, names, stop)
+    return stops.exit_status(stop) if stop is not None else status
 
 
 def record_skip(out: str, name: str, why: str, cfg) -> None:
@@ -154,15 +156,26 @@ def record_skip(out: str, name: str, why: str, cfg) -> None:
     _finish_meta(out, cfg, {name: why}, {})
 
 
-def _finish_meta(out: str, cfg, skipped: dict, library: dict) -> None:
+def _finish_meta(out: str, cfg, skipped: dict, library: dict, planned=(), stop: int | None = None) -> None:
     """The launcher's record of the variants: skipped ones with their reason, what the
-    library said it used, and the run's status from its variants'."""
+    library said it used, and the run's status from its variants'. stop: the signal that
+    stopped the launcher, which leaves every planned variant not finished, and the run,
+    interrupted."""
 
     rd = RunDir(out)
     meta = rd.read_meta() or {**base_meta(sys.argv[1:]), "suite": cfg.name}
     rd.meta = meta
     for name, why in skipped.items():
         meta.setdefault("variants", {})[name] = {"status": Status.SKIPPED.value, "reason": why}
+    said = f"{signal.Signals(stop).name} to the launcher stopped the run" if stop is not None else ""
+    for name in planned:
+        ran = name in meta.get("variants", {})
+        var = rd.variant(name)
+        if var.get("status") not in (Status.COMPLETE, Status.CHECK_FAILED, Status.SKIPPED):
+            var.update(status=Status.INTERRUPTED.value,
+                       reason=var.get("reason") or (said if ran else f"not run: {said}"))
+    if planned:
+        meta.update(status=Status.INTERRUPTED.value, reason=meta.get("reason") or said)
     for name, lib in library.items():
         if name not in meta.get("variants", {}):
             rd.variant(name).update(status=Status.FAILED.value, reason="the launch ended before rank 0 recorded it")

@@ -4,13 +4,14 @@ memory, a call whose count overflows an MPI int."""
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 
 from commbench.benchmarks import get
 from commbench.core.errors import UsageError
 from commbench.core.units import INT_MAX, fmt_size
 
-from . import launch
+from . import launch, plant
 
 # A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
 # fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
@@ -114,10 +115,35 @@ def _lower_hint(bench, name: str) -> str:
     return "lower its params"
 
 
-def print_plan(cfg, plan_rows: list[dict], world: int, backend: str) -> None:
+def headline(cfg, n_points: int, world: int, backend: str, source=None) -> str:
+    """A run's first line: the suite, its size, and the suite file it came from
+    (source: suite.suite_source's (file, the shipped suite it hides))."""
+    return (f"suite {cfg.name}: {n_points} points on {world} ranks, backend {backend}"
+            + (f"; suite file {source[0]}" if source else ""))
+
+
+def say_warnings(cfg, points: list, source=None) -> None:
+    """What a run must not keep quiet about before it starts: a local suite file that hides
+    the shipped suite of its name, and the regression gate's planted slowdown left on."""
+    if source and source[1]:
+        print(f"note: suite {cfg.name} is {source[0]}, which shadows the shipped {source[1]} (COMMBENCH_SUITES "
+              f"and ./suites come first)", flush=True)
+    warn = plant.warning_line(points)
+    if warn:
+        print(warn, file=sys.stderr, flush=True)
+
+
+def say_start(cfg, points: list, world: int, backend: str, source=None) -> None:
+    """The start of a real run, said once by whoever starts the ranks."""
+    print(headline(cfg, len(points), world, backend, source), flush=True)
+    say_warnings(cfg, points, source)
+
+
+def print_plan(cfg, plan_rows: list[dict], world: int, backend: str, source=None) -> None:
     """--dry-run: the points, memory per rank and a rough time, without communicating."""
 
-    print(f"suite {cfg.name}: {len(plan_rows)} points on {world} ranks, backend {backend}")
+    print(headline(cfg, len(plan_rows), world, backend, source))
+    say_warnings(cfg, [r["point"] for r in plan_rows], source)
     print(f"{'benchmark':16s} {'world':>5s} {'size':>8s} {'dtype':9s} {'mem/rank':>10s} {'~time':>8s}  params")
     for r in plan_rows:
         p = r["point"]

@@ -22,23 +22,53 @@ from commbench.core.errors import UsageError
 
 POINTS_ENV = "COMMBENCH_PLANT_POINTS"
 PCT_ENV = "COMMBENCH_PLANT_DELAY_PCT"
+# The most a point may be slowed: 10 times its own time on top. The gate plants 20 %; far
+# more than this turns a sweep into a wait, and infinity would spin every rank until the
+# watchdog ends the run and blames the collective.
+MAX_PCT = 1000.0
+
+
+def setting(environ=None) -> tuple[tuple[str, ...], float] | None:
+    """The points the hook names (benchmark:dtype:bytes) and the delay in per cent, or None
+    when it names none. Anything else is refused in one line, before any rank starts."""
+    environ = os.environ if environ is None else environ
+    names = tuple(dict.fromkeys(x.strip() for x in environ.get(POINTS_ENV, "").split(",") if x.strip()))
+    if not names:
+        return None
+    bad = next((x for x in names if len(x.split(":")) != 3 or not x.rsplit(":", 1)[1].isdigit()), None)
+    if bad is not None:
+        raise UsageError(f"{POINTS_ENV} names points as benchmark:dtype:bytes, got {bad!r}")
+    raw = environ.get(PCT_ENV, "0")
+    try:
+        pct = float(raw)
+    except ValueError:
+        pct = float("nan")
+    if not 0 <= pct <= MAX_PCT:  # NaN fails too
+        raise UsageError(f"{PCT_ENV} must be a number from 0 to {MAX_PCT:g} (per cent), got {raw!r}")
+    return names, pct
+
+
+def point_name(point) -> str:
+    return f"{point.benchmark}:{point.dtype}:{point.nbytes}"
 
 
 def planted_pct(point) -> float | None:
     """The delay in per cent planted on this point, or None when the point is not named."""
-    names = os.environ.get(POINTS_ENV, "")
-    if not names:
+    s = setting()
+    return s[1] if s is not None and point_name(point) in s[0] else None
+
+
+def warning_line(points, environ=None) -> str | None:
+    """The start of a run says loudly that the hook is on, and where (None: it is off)."""
+    s = setting(environ)
+    if s is None:
         return None
-    me = f"{point.benchmark}:{point.dtype}:{point.nbytes}"
-    if me not in {x.strip() for x in names.split(",")}:
-        return None
-    try:
-        pct = float(os.environ.get(PCT_ENV, "0"))
-    except ValueError:
-        pct = -1.0
-    if not pct >= 0:
-        raise UsageError(f"{PCT_ENV} must be a number >= 0, got {os.environ.get(PCT_ENV)!r}")
-    return pct
+    names, pct = s
+    hit = list(dict.fromkeys(point_name(p) for p in points if point_name(p) in names))
+    where = (f"slows {len(hit)} point(s) of this run by {pct:g} %: {', '.join(hit[:6])}"
+             + (f" and {len(hit) - 6} more" if len(hit) > 6 else "") if hit else "names no point of this run")
+    return (f"warning: {POINTS_ENV} and {PCT_ENV}={pct:g} are set: the regression gate's test hook {where}; "
+            f"their rows carry planted_delay_pct (unset both to measure)")
 
 
 def wrap(op, pct: float, comm):

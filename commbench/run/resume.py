@@ -10,7 +10,7 @@ from pathlib import Path
 from commbench.backends import BACKEND_DTYPES
 from commbench.core.errors import UsageError
 from commbench.core.schema import point_key
-from commbench.run import launch, plan, runner, suite
+from commbench.run import launch, plan, plant, runner, suite
 from commbench.run.launch_variants import resume_variants
 from commbench.run.variants import plan as plan_variants
 from commbench.store.results import RunDir, RunLock, check_out_dir, held_by_my_launcher, hold_for_launch, load_meta
@@ -47,22 +47,29 @@ def resume_conflicts(args, meta: dict) -> list[str]:
 
 
 def print_resume_plan(cfg, meta: dict, variants: list[str], world: int, run_dir) -> int:
-    """--resume --dry-run: the points the resume would run, and nothing run or written."""
+    """--resume --dry-run: the points the resume would run, and nothing run or written. In a
+    `--repeat N` run each repeat of a point is a point of its own (as the resume counts
+    them): one measured in repeat 1 alone is still to run in the others."""
     points, _ = suite.expand(cfg, world, BACKEND_DTYPES[meta["backend"]])
+    repeat = max(1, int(meta.get("repeat") or 1))
     # A point's placement needs a communicator to ask; within one run a point and its
     # variant name it once, so the key without it says whether it was measured.
 
-    def bare(variant, p):
-        return point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, variant)
-    done = {point_key(r["benchmark"], r["world"], r["nbytes"], r["dtype"], r["params"], r["variant"])
-            for r in RunDir(run_dir).rows()}
-    todo = [p for v in variants for p in points if bare(v, p) not in done]
-    total = len(points) * max(1, len(variants))
+    def bare(variant, p, rep):
+        return point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, variant), rep
+    done = {(point_key(r["benchmark"], r["world"], r["nbytes"], r["dtype"], r["params"], r["variant"]),
+             int(r.get("repeat") or 1)) for r in RunDir(run_dir).rows()}
+    todo = [(p, rep) for v in variants for rep in range(1, repeat + 1) for p in points
+            if bare(v, p, rep) not in done]
+    total = len(points) * max(1, len(variants)) * repeat
+    missing = sorted({rep for _, rep in todo})
     if launch.detect().rank == 0:
         print(f"resume (dry run, nothing runs): {total - len(todo)} of {total} points already in {run_dir}, "
-              f"{len(todo)} to run" + (f" (variants {', '.join(variants)})" if variants != ["default"] else ""))
+              f"{len(todo)} to run" + (f" (variants {', '.join(variants)})" if variants != ["default"] else "")
+              + (f" (repeat{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {repeat})"
+                 if repeat > 1 and missing else ""))
         if todo:
-            plan.print_plan(cfg, plan.plan(cfg, todo, world, meta.get("device") or "cpu",
+            plan.print_plan(cfg, plan.plan(cfg, [p for p, _ in todo], world, meta.get("device") or "cpu",
                                            check_counts=meta["backend"] == "mpi"), world, meta["backend"])
     return 0
 
@@ -128,6 +135,7 @@ def resume_run(args, argv: list[str], strip_np) -> int:
     world = args.np if args.np is not None else info.world
     if world != meta.get("world"):
         raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+    plant.setting()  # a planted slowdown that cannot be is refused before any rank starts
     # A run of several variants resumes each unfinished one in its own launch.
     done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
     planned = plan_variants(cfg, backend, device or "cpu").names
@@ -143,6 +151,7 @@ def resume_run(args, argv: list[str], strip_np) -> int:
         return print_resume_plan(cfg, meta, todo, world, args.resume)
     if args.np is not None:
         launch.check_local_ranks(args.np)
+        plan.say_warnings(cfg, suite.expand(cfg, world, BACKEND_DTYPES[backend])[0])  # a planted slowdown
         lock = hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
         return resume_variants(cfg, todo, args.np, backend, strip_np(argv) + ["--backend", backend], args.resume,
                                one_named=args.variant is not None)

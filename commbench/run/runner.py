@@ -164,6 +164,8 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
     # One id for this launch (its launcher's, under `run --np`), so failure files and the
     # status of an earlier launch into the same directory (a resume) are not taken for this one's.
     token = world.allgather_obj(os.environ.get(launch.LAUNCH_ID_ENV) or launch.new_launch_id())[0]
+    if world.rank == 0:  # every rank is up and has met: the launcher's start-up bound is met
+        launch.say_marked("started", out_dir)
     lock = _lock_run_dir(world, out_dir)
     guard = Guard(world.rank, world.size, out_dir, cfg.timeout_s, launch=token)
     guard.start()
@@ -189,7 +191,8 @@ def start(cfg, backend_name, device, out_dir, ranks_per_node, profile_overrides,
         profile, prof_meta = resolve_profile(cfg, profile_overrides, world, backend.device, backend.gpu_names())
     rd = RunDir(out_dir) if world.rank == 0 else None
     if rd is not None:
-        rd.on_marked = launch.say_marked  # the launcher's drain bound starts when the run is marked
+        # The launcher's drain bound starts when the run is marked.
+        rd.on_marked = lambda d=out_dir: launch.say_marked("marked", d)
     return RunContext(cfg, variant, backend_name, backend, world, guard, hosts, nodes, profile, prof_meta, rd,
                       lock=lock, launch_id=token, cores=cores,
                       host_start=hoststate.snapshot() if world.rank == 0 else {})
@@ -253,14 +256,14 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
                 mpi_timeloop.load(world.MPI)
                 meta["timing_loop"] = mpi_timeloop.status()
         # From here on the status in meta.json is this launch's: the launcher learns so from
-        # the launch itself (launch.say_marked("opened")), and meta.json records which launch.
+        # the launch itself (launch.say_marked "opened"), and meta.json records which launch.
         meta["launch"] = ctx.launch_id
         v = ctx.variant
         rd.meta = meta
         rd.variant(v.name).update(env=v.env, inswitch=v.inswitch, description=v.description,
                                   status=Status.RUNNING.value)
         rd.open()
-        launch.say_marked("opened")
+        launch.say_marked("opened", rd.dir)
 
         def on_fatal(status, reason, rd=rd, name=v.name):
             rd.variant(name)["status"] = str(status)

@@ -14,7 +14,7 @@ from commbench.analyse.ceilings import resolve_profile_spec
 from commbench.backends.gpus import check_gpu_path
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg
-from commbench.run import launch, runner
+from commbench.run import launch, plant, runner
 from commbench.run import plan as plan_mod
 from commbench.run import suite as suite_mod
 from commbench.run.launch_variants import capabilities, record_skip, run_variants
@@ -50,7 +50,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
                          "to run benchmarks without one")
     if args.repeat is None or args.repeat < 1:
         raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
-    raw = suite_mod.read_suite(args.suite)
+    suite_name = args.suite_file or args.suite  # a rank of `run --np`: the file its launcher resolved
+    raw = suite_mod.read_suite(suite_name)
     # A flag that overrides a suite key stores its value under the key's field name.
     overrides = {f.name: getattr(args, f.name) for f in fields(suite_mod.SuiteConfig)
                  if f.name not in ("name", "sizes", "params") and hasattr(args, f.name)}
@@ -110,6 +111,11 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
                              f"another directory")
     info = launch.detect()
     world = args.np if args.np is not None else info.world
+    if args.ranks_per_node is not None and args.ranks_per_node > world:
+        # rank // N puts every rank on node 0: the grouping the flag asks for cannot be. A
+        # last node with fewer ranks (N not dividing the world) is modelled, as on real hosts.
+        raise UsageError(f"--ranks-per-node {args.ranks_per_node} is more than the {world} rank(s) of this launch: "
+                         f"every rank would be on one node (node = rank // N); give 1 to {world}")
     if join:
         differ = sweep_differences(meta, cfg, backend, device, world)
         if differ:  # rows measured another way would sit in one run as if alike
@@ -117,9 +123,11 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
                              f"a variant joins only a run of the same sweep; choose another directory")
     points, _ = suite_mod.expand(cfg, world, backends.BACKEND_DTYPES[backend])
     plan = plan_mod.plan(cfg, points, world, device, check_counts=backend == "mpi")
+    plant.setting()  # a planted slowdown that cannot be is refused before any rank starts
+    source = suite_mod.suite_source(suite_name) if suite_name else None
     if args.dry_run:
         if info.rank == 0:
-            plan_mod.print_plan(cfg, plan, world, backend)
+            plan_mod.print_plan(cfg, plan, world, backend, source)
         return 0
     check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
     check_free_space(args.out or "results", len(points))
@@ -131,18 +139,23 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         ok, why = backends.availability(backend)
         if not ok:
             raise UsageError(f"backend {backend} is not available here: {why}")
+        plan_mod.say_start(cfg, points, args.np, backend, source)
         out = args.out or str(new_run_dir(cfg.name))
         child = strip_np(argv) + ["--out", out] if not args.out else strip_np(argv)
         if not args.backend:
             child += ["--backend", backend]
+        if source:
+            child += ["--suite-file", os.path.abspath(source[0])]
         lock = hold_for_launch(out)  # noqa: F841 -- one writer: held until this launcher exits
         if args.variant is None and vplan.names == ["default"] and args.repeat <= 1:
-            return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s)
+            return launch.spawn_local(args.np, backend, child, out_dir=out, timeout_s=cfg.timeout_s, variant="default")
         # Repeats, like variants, each in a launch of their own (run_variants): see there why.
         return run_variants(vplan, args.np, backend, child, out, cfg, args.repeat)
     if len(vplan.entries) > 1:
         raise UsageError(f"suite {cfg.name} has {len(vplan.entries)} variants and NCCL/MPI read their settings once "
                          f"per process: run one per launch with --variant NAME (`make inswitch` loops over them)")
+    if info.rank == 0 and not os.environ.get("COMMBENCH_LAUNCHER_PID"):  # `run --np`'s launcher said it
+        plan_mod.say_start(cfg, points, world, backend, source)
     # Under an external launcher every rank names a directory, but only rank 0 writes one.
     out = args.out or str(new_run_dir(cfg.name))
     name = vplan.names[0]

@@ -13,6 +13,7 @@ from commbench.backends import BACKENDS
 from commbench.benchmarks import Point, get
 from commbench.core.errors import UsageError
 from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
+from commbench.core.user_files import read_user_text
 from commbench.run.variants import check_baseline, of_config, parse_suite_variants
 
 TIMING_METHODS = ("back_to_back", "barrier")
@@ -215,11 +216,14 @@ def _suite_files(d: Path) -> list[Path]:
 
 
 def find_suite(name: str) -> Path:
+    """The suite file a name means. A name is a path when it ends in .toml or names a file;
+    a directory never is a suite (a run directory named like its suite, `--out quick`, must
+    not hide the suite `quick`); any other name is looked up in suite_dirs()."""
     p = Path(name)
-    if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
+    if p.suffix == ".toml" or (p.exists() and not p.is_dir()):
+        if not p.exists():
             raise UsageError(f"suite file {name} not found")
-        return p
+        return p  # read_suite refuses what is not a regular file (a directory named x.toml, a FIFO)
     for d in suite_dirs():
         hit = next((f for f in _suite_files(d) if f.stem == name), None)
         if hit is not None:
@@ -231,12 +235,37 @@ def list_suites() -> list[str]:
     return sorted({f.stem for d in suite_dirs() for f in _suite_files(d)})
 
 
+def shadowed(path: Path) -> Path | None:
+    """The shipped suite that a suite file of the same name hides, or None: a ./suites or
+    COMMBENCH_SUITES file comes first, so `quick` may not be the quick that ships."""
+    shipped = PACKAGE_SUITES / f"{path.stem}.toml"
+    return shipped if shipped.is_file() and Path(path).resolve() != shipped.resolve() else None
+
+
+def suite_source(name: str) -> tuple[Path, Path | None]:
+    """The file a suite name resolves to, and the shipped suite it hides (a name looked up,
+    not a path given: a path names its own file)."""
+    path = find_suite(name)
+    looked_up = Path(name).suffix != ".toml" and Path(name).name == name
+    return path, shadowed(path) if looked_up else None
+
+
+def suite_origins() -> dict[str, tuple[Path, Path | None]]:
+    """Every suite name with the file it resolves to (the first match, as find_suite looks)
+    and the shipped suite that file hides."""
+    first: dict[str, Path] = {}
+    for d in suite_dirs():
+        for f in _suite_files(d):
+            first.setdefault(f.stem, f)
+    return {n: (f, shadowed(f)) for n, f in sorted(first.items())}
+
+
 def read_suite(name: str | None) -> dict:
     if name is None:
         return {"name": "adhoc"}
     path = find_suite(name)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(read_user_text(path, "suite"))  # a regular file within a bound
     except UnicodeDecodeError:
         raise UsageError(f"suite {path}: not a text (UTF-8 TOML) file") from None
     except tomllib.TOMLDecodeError as e:
@@ -286,6 +315,11 @@ def config_from_saved(saved: dict, overrides: dict | None = None) -> SuiteConfig
         raise UsageError("the run's meta.json holds no config")
     raw = {key: saved[f.name] for key, f in _keyed_fields().items() if saved.get(f.name) is not None}
     raw["name"] = saved.get("name") or "adhoc"
+    if isinstance(raw.get("variant"), dict):
+        # Saved as the variants' fields, their name among them, which a suite file gives as
+        # the table's name: dropped where it is that name (another name stays, and is refused).
+        raw["variant"] = {n: {k: x for k, x in d.items() if (k, x) != ("name", n)} if isinstance(d, dict) else d
+                          for n, d in raw["variant"].items()}
     return build_config(raw, overrides)
 
 

@@ -8,6 +8,7 @@ speedup / crossover maths of the side-by-side report.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from commbench.analyse.variants import pick_baseline
@@ -83,6 +84,57 @@ BUILTIN: dict[str, Variant] = {v.name: v for v in [
 VARIANT_KEYS = {"backend", "env", "inswitch", "requires", "description", "expect"}
 KNOWN_REQUIRES = {"cuda", "nvls", "collnet", "symm_mem", "mpich", "openmpi"}
 
+# What a variant's environment may set. A suite file (and a run's meta.json, which saves the
+# variant tables) is data that people share, and every rank runs with the variant's
+# environment: PYTHONPATH with COMMBENCH_PLUGINS, or LD_PRELOAD, would run whatever code the
+# file names. So a variant sets the communication libraries' own settings and commbench's
+# measurement settings (docs/variants.md lists them), nothing else.
+VARIANT_ENV_PREFIXES = ("NCCL_", "OMPI_", "PMIX_MCA_", "UCX_", "MPICH_", "MPIR_CVAR_", "FI_", "GLOO_", "TORCH_NCCL_")
+VARIANT_KNOBS = {
+    "COMMBENCH_SYMM_MEM": "1: torch nccl buffers in symmetric memory, all_reduce by multimem (the symm-mem variant)",
+    "COMMBENCH_COMPILED_LOOP": "0: the MPI backend times in the Python loop instead of the compiled C loop",
+    "COMMBENCH_CUPY_NCCL": "0: torch nccl all_reduce in place only (no out-of-place call through cupy's NCCL)",
+    "COMMBENCH_NO_HOLD": "1: GPU events on an idle stream, without the stream hold (rows say hold_method none)",
+    "COMMBENCH_HOLD_CAP_S": "seconds a GPU stream hold spins at most (default 1)",
+}
+# Library settings that load code by name or path (a plug-in, a component directory, a
+# launch agent, a file of further settings), or write a file where they are told: a
+# library's own way to run a file's code or write outside the run.
+_LOADS_CODE = ("PLUGIN", "COMPONENT_PATH", "PARAM_FILES", "AGENT", "MODULE_DIR", "PROVIDER_PATH", "CONF_FILE")
+_WRITES = ("DEBUG_FILE", "DUMP_FILE", "LOG_FILE")
+# A blocking wait makes the host wait for each collective while commbench holds the GPU
+# stream until the whole batch is enqueued: every held operation would stall to the cap.
+_STALLS = ("NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT")
+
+
+def env_refusal(key: str, value: str = "") -> str | None:
+    """Why a variant may not set the environment variable `key` (None: it may)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return "not an environment variable name"
+    if "\0" in value:
+        return "its value holds a NUL byte"
+    if key in _STALLS:
+        return ("a blocking wait makes the host wait for each operation while the GPU stream is held for the "
+                "batch: every held operation would stall to the hold's cap")
+    if key in VARIANT_KNOBS:
+        return None
+    if not key.startswith(VARIANT_ENV_PREFIXES):
+        return ("a variant sets only the communication libraries' settings (" + ", ".join(
+            p + "*" for p in VARIANT_ENV_PREFIXES) + ") and commbench's measurement settings (docs/variants.md)")
+    if any(word in key.upper() for word in _LOADS_CODE):
+        return "it makes the library load code from a file the suite names"
+    if any(word in key.upper() for word in _WRITES):
+        return "it makes the library write to a file the suite names"
+    return None
+
+
+def check_variant_env(env: dict, where: str, name: str) -> None:
+    """The first variable of a variant's env that it may not set, refused in one line."""
+    for key in sorted(env):
+        why = env_refusal(str(key), str(env[key]))
+        if why:
+            raise UsageError(f"{where}: variant {name!r} may not set {key}: {why}")
+
 
 def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
     """[variant.NAME] tables of a suite file."""
@@ -95,6 +147,10 @@ def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
             raise UsageError(f"{where}: a variant has an empty name")
         if not isinstance(spec, dict):
             raise UsageError(f"{where}: variant {name!r} must be a table")
+        env = spec.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k for k in env):
+            raise UsageError(f"{where}: variant {name!r}: 'env' must be a table of VARIABLE = \"value\"")
+        check_variant_env(env, where, name)  # first: a saved table's other keys never decide it
         unknown = sorted(set(spec) - VARIANT_KEYS)
         if unknown:
             raise UsageError(f"{where}: variant {name!r} has unknown key {unknown[0]!r} "
@@ -103,9 +159,6 @@ def parse_suite_variants(table: dict, where: str) -> dict[str, Variant]:
         if backend is not None and backend not in BACKENDS:
             raise UsageError(f"{where}: variant {name!r} names unknown backend {backend!r} "
                              f"(known: {', '.join(BACKENDS)})")
-        env = spec.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(k, str) and k for k in env):
-            raise UsageError(f"{where}: variant {name!r}: 'env' must be a table of VARIABLE = \"value\"")
         req = spec.get("requires", [])
         req = [req] if isinstance(req, str) else req
         if not isinstance(req, list) or any(r not in KNOWN_REQUIRES for r in req):

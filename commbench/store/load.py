@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from commbench.core.errors import UsageError
 from commbench.core.schema import ROW_KEY, params_dict, time_cannot_be
@@ -22,9 +22,31 @@ def _rows_file(p: Path) -> Path:
     return p
 
 
+def run_names(dirs) -> list[str]:
+    """Each run directory's name: its own name ("quick"), or, where two runs share it, the
+    shortest end of its path that tells it from the others ("x1/quick", "y1/quick"). dirs:
+    absolute paths. The same directory given twice cannot be told apart: both keep the name
+    that tells them from the rest."""
+    parts = [PurePath(d).parts[1:] if PurePath(d).anchor else PurePath(d).parts for d in dirs]
+    names = []
+    for i, p in enumerate(parts):
+        others = [q for j, q in enumerate(parts) if j != i and q != p]
+        k = 1
+        while k < len(p) and any(q[-k:] == p[-k:] for q in others):
+            k += 1
+        names.append("/".join(p[-k:]))
+    return names
+
+
+def names_for(paths) -> list[str]:
+    """The `run` name load() gives the rows of each path (a run directory or its rows.jsonl)."""
+    return run_names([os.path.abspath(p if Path(p).is_dir() else Path(p).parent) for p in paths])
+
+
 def load(paths, warn=None):
     """One pandas DataFrame for one run directory (or rows.jsonl) or a list of them; a
-    `run` column names the directory each row came from; `params` is a dict in every row,
+    `run` column names the directory each row came from (run_names: "quick", or "x1/quick"
+    and "y1/quick" where two directories share a name); `params` is a dict in every row,
     and each parameter a column of its own too, named <benchmark>.<param> (`moe.tokens`,
     `moe.copies`; flatten_params), so groupby and pivot work on it.
 
@@ -37,9 +59,9 @@ def load(paths, warn=None):
     warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    files = [_rows_file(Path(p)) for p in paths]
     frames = []
-    for p in paths:
-        f = _rows_file(Path(p))
+    for f, name in zip(files, names_for(files)):
         rows, bad = read_rows_checked(f)
         if bad and not rows:
             raise UsageError(f"{f}:{bad[0]}: not a commbench row (no rows in this file)")
@@ -62,7 +84,7 @@ def load(paths, warn=None):
         if dup:
             warn(f"{f}: {dup} point(s) appear more than once (rows of the same point_key and stage)")
         df = pd.DataFrame(rows)
-        df["run"] = f.parent.name
+        df["run"] = name
         frames.append(df)
     return flatten_params(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
 

@@ -14,10 +14,12 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from commbench.core.errors import UsageError
+from commbench.core.safe_write import LinkRefused, open_nofollow, refuse_links, replacing, write_atomic
 from commbench.core.schema import (  # noqa: F401
     ROW_FIELDS,
     ROW_SCHEMA,
@@ -136,11 +138,13 @@ def base_meta(argv: list[str]) -> dict:
 def check_out_dir(path, flag: str = "--out") -> None:
     """A result directory must be one that can be made and written: a path under a regular
     file, a device such as /dev/null, or a read-only place is refused in one line, before
-    any rank starts (a rank that finds it out alone leaves the others waiting)."""
+    any rank starts (a rank that finds it out alone leaves the others waiting); so is a link
+    named like a file or folder written in place there (safe_write)."""
 
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{flag} {p}: exists and is not a directory")
+    refuse_links(p, ("rows.jsonl", ".lock", ".progress", "figures"))
     q = p
     while not q.exists() and q != q.parent:
         q = q.parent
@@ -204,7 +208,7 @@ class RunLock:
 
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)  # a planted link: LinkRefused
         except OSError as e:  # a read-only mount, a full disk, no permission: one line, not a traceback
             raise UsageError(f"{self.dir}: cannot take the run's lock {self.path.name}: "
                              f"{e.strerror or e}") from None
@@ -226,7 +230,10 @@ class RunLock:
 
         if not self.path.is_file():
             return None
-        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY)
+        except (OSError, LinkRefused):  # nobody holds a link: acquire() refuses it
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -313,25 +320,18 @@ class RunDir:
     def open(self, meta: dict | None = None) -> "RunDir":
         """Start (or continue) writing: meta.json now, rows appended from here on. A torn
         last line (a kill or a full disk mid-write) is cut off first, so the next row starts
-        on a line of its own."""
+        on a line of its own. A link named rows.jsonl is refused (LinkRefused) before
+        anything is written: the rows would land wherever it points."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.rows_path.is_symlink():
+            raise LinkRefused(self.rows_path)
         if meta is not None:
             self.meta = meta
         self.write_meta()
-        self._repair_tail()
-        self._rows = open(self.rows_path, "a", buffering=1)
+        self._rows = os.fdopen(open_nofollow(self.rows_path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "a",
+                               buffering=1, encoding="utf-8")
+        _repair_tail(self._rows.fileno())  # nothing buffered yet; every write appends after the cut
         return self
-
-    def _repair_tail(self) -> None:
-        p = self.rows_path
-        if not p.is_file() or p.stat().st_size == 0:
-            return
-        with open(p, "rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) == b"\n":
-                return
-            data = f.seek(0) or f.read()
-            f.truncate(data.rfind(b"\n") + 1)
 
     def write_meta(self) -> None:
         """Atomically (a temporary, renamed). The file is padded with trailing blanks (JSON
@@ -340,17 +340,15 @@ class RunDir:
         self.dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.meta, indent=2, default=str) + "\n"
         data = text.encode() + b" " * META_RESERVE_NBYTES
-        tmp = self.dir / "meta.json.tmp"
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, self.meta_path)
+            write_atomic(self.meta_path, data)
         except OSError:
-            tmp.unlink(missing_ok=True)
-            if not self.meta_path.is_file() or self.meta_path.stat().st_size < len(text):
+            if self.meta_path.is_symlink() or not self.meta_path.is_file() or \
+                    self.meta_path.stat().st_size < len(text):
                 raise
             # Overwrite in place and blank the rest: no new blocks, and still valid JSON.
             body = text.encode()
-            with open(self.meta_path, "r+b") as f:
+            with os.fdopen(open_nofollow(self.meta_path, os.O_RDWR), "r+b") as f:
                 size = f.seek(0, os.SEEK_END)
                 f.seek(0)
                 f.write(body + b" " * (size - len(body)))
@@ -426,14 +424,12 @@ class RunDir:
         for r in self._iter_rows():
             extra.update(r)
         fields = list(ROW_FIELDS) + sorted(extra - set(ROW_FIELDS))
-        tmp = self.dir / "results.csv.tmp"
-        with open(tmp, "w", newline="") as f:
+        with replacing(self.dir / "results.csv", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             for r in self._iter_rows():
                 w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
                             for k, v in r.items()})
-        os.replace(tmp, self.dir / "results.csv")
 
     def note_teardown(self, why: str) -> None:
         """A run whose ranks hung after it was marked: its status stays, the hang is noted."""
@@ -444,27 +440,51 @@ class RunDir:
         except (OSError, ValueError, UsageError):
             pass
 
-    def settle(self, exit_status: int, interrupted: bool, why: str | None = None, ours: bool | None = None) -> None:
-        """The launcher's last word: mark a run its ranks could not mark themselves (rank 0
-        killed, or the job stopped by the launcher). why: the signal the launcher was
-        stopped by, which the ranks only saw passed on as SIGTERM. ours: whether rank 0 of the
-        launcher's own launch had taken the run over (None: not known), so that the status
-        meta.json holds is this launch's; a `failed` another launch wrote (a resume stopped
-        before its rank 0 reopened the run) is that launch's account and stays."""
+    def settle(self, exit_status: int, interrupted: bool, why: str | None = None, ours: bool | None = None,
+               variant: str | None = None) -> None:
+        """The launcher's last word on a run its ranks could not mark (rank 0 killed, the job
+        stopped). why: the signal that stopped the launcher (the ranks saw it as SIGTERM), or
+        (not interrupted) its cause for stopping a job that never started: the run is failed
+        with it, and gets a record if it had none. ours: whether rank 0 of this launch had
+        taken the run over (None: not known); a `failed` another launch wrote stays. variant:
+        this launch's, settled with the run; none is left `running`: no rank will finish it."""
         try:
             self.read_meta()
         except (OSError, ValueError, UsageError):
             return
-        status = self.meta.get("status")
-        ours = ours is None or ours
+        status, ours, unstarted = self.meta.get("status"), ours is None or ours, bool(why and exit_status)
         if interrupted and (status == Status.RUNNING or (status == Status.FAILED and ours)):
             reason = self.meta.get("reason")
             if why:
                 reason = f"{why}" + (f" ({reason})" if reason else "")
-            self.set_status(Status.INTERRUPTED, reason or "interrupted (SIGINT to the launcher)")
+            status, reason = Status.INTERRUPTED, reason or "interrupted (SIGINT to the launcher)"
+        elif unstarted and not interrupted:
+            self.meta, status, reason = self.meta or base_meta(sys.argv[1:]), Status.FAILED, why
+            if variant:
+                self.variant(variant).update(status=status.value, reason=why)
         elif exit_status and status == Status.RUNNING:
-            self.set_status(Status.FAILED, f"ranks exited with status {exit_status} before rank 0 could finish "
-                                           f"the run")
+            status, reason = Status.FAILED, f"ranks exited with status {exit_status} before rank 0 could finish the run"
+        else:
+            return
+        for name, v in self.meta.get("variants", {}).items():
+            if v.get("status") == Status.RUNNING or (name == variant and ours and v.get("status") == Status.FAILED):
+                v["status"] = status.value
+        self.set_status(status, reason)
+
+
+def _repair_tail(fd: int) -> None:
+    """Cut a torn last line off the rows file open as fd (read from its end: not read whole)."""
+    end = size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    while end > 0:
+        start = max(0, end - 65536)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            os.ftruncate(fd, start + cut + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)
 
 
 def load_meta(run_dir) -> dict:

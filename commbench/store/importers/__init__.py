@@ -31,15 +31,17 @@ and streams the rows into the result directory.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from commbench.core.errors import UsageError
+from commbench.core.user_files import IMPORT_MAX_NBYTES, check_user_file
 
 from ..results import RunDir, Status
 from .nccl_json import parse_nccl_json
 from .nccl_tests import parse_nccl_stdout
-from .osu import OSU_TITLE_RE, parse_osu
+from .osu import osu_title, parse_osu
 from .rows import SOURCE_NAMES, benchmark_name, default_out_dir, err, merge_metas, numbered_lines, write_imported_run  # noqa: F401
 
 FORMATS = ("nccl-tests", "nccl-tests-json", "osu")
@@ -47,6 +49,26 @@ _TEXT_PARSERS = {"nccl-tests": parse_nccl_stdout, "osu": parse_osu}
 # A file that starts with "[" is JSON only if it parses as JSON; larger ones are logs whose
 # first line is a tag ("[host:rank] ...", "[user@host]$ ...").
 _JSON_ARRAY_MAX_NBYTES = 64 << 20
+
+
+# What a benchmark, dtype or variant name read from a file may hold: it becomes part of a
+# figure's file name and of a figure's labels, so nothing that names a folder ("/", ".."), a
+# mathtext formula ("$", "\\") or needs quoting.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+NAME_RULE = "1 to 64 ASCII letters, digits and . _ + -, starting with a letter or digit"
+
+
+def check_name(where, what: str, name) -> None:
+    """Refuse (UsageError, one line) a name from input that is not a plain name."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise UsageError(f"{where}: {what} {name!r} is not a plain name: a name is {NAME_RULE}")
+
+
+def _check_row_names(path, row: dict) -> None:
+    for what in ("benchmark", "dtype", "variant"):
+        check_name(path, what, row.get(what))
+    if row.get("stage"):
+        check_name(path, "stage", row["stage"])
 
 
 def _is_json(path, first: str) -> bool:
@@ -58,6 +80,8 @@ def _is_json(path, first: str) -> bool:
         json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
     except ValueError:
         return False
+    except RecursionError:  # nested too deep for Python: JSON, refused by the JSON reader
+        return True
     return True
 
 
@@ -65,7 +89,7 @@ def _text_format(path, lines) -> str | None:
     """The text format from the first line that marks one (launcher prefixes cut)."""
     for _, line in numbered_lines(lines):
         s = line.strip()
-        if OSU_TITLE_RE.match(s):
+        if osu_title(s):
             return "osu"
         if s.startswith("#") and ("Collective test starting" in s or "nccl-tests version" in s
                                   or ("algbw" in s and "busbw" in s)):
@@ -103,6 +127,8 @@ def _parses(text: str) -> bool:
         json.loads(text)
     except ValueError:
         return False
+    except RecursionError:  # nested too deep for Python: JSON, refused by the JSON reader
+        return True
     return True
 
 
@@ -124,14 +150,14 @@ def import_stream(path, emit, fmt: str | None = None, world: int | None = None, 
     name, when the file does not say. in_place: keep nccl-tests' in-place half, as placement
     "in-place" rows (False: only the out-of-place half)."""
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{path}: no such file")
+    check_user_file(p, "import", IMPORT_MAX_NBYTES)  # a regular file (not a FIFO, /dev/zero), within a bound
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
     if world is not None and int(world) < 1:
         raise UsageError(f"--world must be >= 1, got {world}")
     if benchmark is not None:
         benchmark = benchmark_name(benchmark) or benchmark
+        check_name("--benchmark", "benchmark", benchmark)
     try:
         first = _first_char(p)
         if not first:
@@ -139,6 +165,7 @@ def import_stream(path, emit, fmt: str | None = None, world: int | None = None, 
         count = [0]
 
         def keep(row):
+            _check_row_names(path, row)  # a -J file's `type`, an OSU Datatype line: names from the file
             if in_place or row["placement"] != "in-place":
                 count[0] += 1
                 emit(row)
@@ -184,8 +211,7 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
     if not paths:
         raise UsageError("import needs at least one file")
     for p in paths:
-        if not Path(p).is_file():
-            raise UsageError(f"{p}: no such file")
+        check_user_file(p, "import", IMPORT_MAX_NBYTES)
     out_dir = Path(out) if out else default_out_dir(paths[0], root)
     run = RunDir(out_dir)
     if run.rows_path.exists() or run.meta_path.exists():

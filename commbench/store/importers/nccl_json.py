@@ -10,7 +10,7 @@ from commbench.core.stats import summarize_us
 
 from ..results import ENV_PREFIXES
 from .nccl_tests import _NCCL_DTYPES, NCCL_TIME_MEASURED, _nccl_params, _nccl_version
-from .rows import benchmark_name, check_status, err, make_row, name_from_filename, run_meta
+from .rows import benchmark_name, check_status, err, make_row, name_from_filename, quote, run_meta
 
 # ---------------------------------------------------------------------------------------
 # nccl-tests JSON (-J)
@@ -38,57 +38,121 @@ def _jnum(v):
 
 
 def _json_result_lines(text: str) -> list[int]:
-    """Line of each element of the top-level results list (for error messages)."""
+    """Line of each element of the top-level results list (for error messages); the lines
+    are counted on from the last element's, so a long list is read once."""
     m = re.search(r'"results"\s*:\s*\[', text)
     if not m:
         return []
     dec, pos, out = json.JSONDecoder(), m.end(), []
+    line, counted = 1, 0
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
             return out
-        out.append(text.count("\n", 0, pos) + 1)
+        line += text.count("\n", counted, pos)
+        counted = pos
+        out.append(line)
         try:
             _, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return out
 
 
-def _iter_stats(obj) -> dict | None:
-    """Per-iteration statistics (nccl-tests -I with -J) as time_us_* fields."""
+def _whole(v, what: str, bad, kind: str = "a count", null: bool = True):
+    """A count or rank from the file (a whole number >= 0, written as a number or a
+    string), or None when absent (null: None allowed); anything else is refused through
+    bad(message)."""
+    x = _jval(v)
+    if x is None and null:
+        return None
+    if isinstance(x, float) and math.isfinite(x) and x == int(x):
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise bad(f"{what} {quote(v)} is not {kind} (a whole number >= 0)")
+    return x
+
+
+def _of_type(doc: dict, key: str, kind, shape: str):
+    """doc[key] when it is a `kind` (list or dict) or absent (None); else refused."""
+    v = doc.get(key)
+    if v is not None and not isinstance(v, kind):
+        raise ValueError(f"{key}: {quote(v)} is not {shape}")
+    return v
+
+
+def _iter_stats(obj, where: str, bad) -> dict | None:
+    """Per-iteration statistics (nccl-tests -I with -J) as time_us_* fields; a value that
+    is not a number is refused through bad(message)."""
     if not isinstance(obj, dict):
         return None
     times = obj.get("times_us")
     if isinstance(times, list) and times:
         import numpy as np
 
-        t = np.array([_jnum(x) for x in times], dtype=np.float64)
+        vals = []
+        for i, x in enumerate(times):
+            try:
+                vals.append(_jnum(x))
+            except ValueError:
+                raise bad(f"{where}times_us[{i}] {quote(x)} is not a number (microseconds)") from None
+        t = np.array([np.nan if x is None else x for x in vals], dtype=np.float64)
         t = t[np.isfinite(t)]
         if t.size:
             s = summarize_us(t * 1e-6)
             s.pop("time_us_p50")
             s.pop("time_us_mean")
             return s
-    out = {"time_us_min": obj.get("min_us"), "time_us_max": obj.get("max_us"), "time_us_p99": obj.get("p99_us"),
-           "time_us_std": obj.get("stdev_us")}
-    out = {k: _jnum(v) for k, v in out.items() if v is not None}
+    out = {}
+    for k, key in (("time_us_min", "min_us"), ("time_us_max", "max_us"), ("time_us_p99", "p99_us"),
+                   ("time_us_std", "stdev_us")):
+        try:
+            out[k] = _jnum(obj.get(key))
+        except ValueError:
+            raise bad(f"{where}{key} {quote(obj.get(key))} is not a number (microseconds)") from None
     out = {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
     return out or None
 
 
-def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> dict:
-    """nccl-tests -J: one JSON document, so it is read whole; each row goes to emit(row)."""
+def _load(path, text: str) -> dict:
+    """The document, refused in one line when it is not JSON (or nested too deep for Python
+    to read: a file of 100,000 nested lists) or holds no results list."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise err(path, e.lineno, f"not valid JSON ({e.msg}): truncated nccl-tests -J output?") from None
+    except RecursionError:
+        raise err(path, 1, "JSON nested too deep to read (thousands of levels): not nccl-tests -J output") from None
+    except ValueError as e:  # a number of more digits than Python converts
+        raise err(path, 1, f"not valid JSON ({str(e).split(';')[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise err(path, 1, "not nccl-tests -J JSON (no top-level 'results' list)")
+    return doc
+
+
+def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> dict:
+    """nccl-tests -J: one JSON document, so it is read whole; each row goes to emit(row)."""
+    doc = _load(path, text)
     version = doc.get("version")
-    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    devices = [d for d in doc.get("devices") or [] if isinstance(d, dict)]
-    hosts = [str(d.get("hostname")) for d in sorted(devices, key=lambda d: d.get("rank", 0))]
+    try:
+        cfg = _of_type(doc, "config", dict, "an object (the run's settings)") or {}
+        devices = _of_type(doc, "devices", list, "a list (an object per rank)") or []
+        args = _of_type(doc, "args", list, "a list (the command line)") or []
+        env_list = _of_type(doc, "env", list, "a list of NAME=VALUE strings") or []
+        oob = _of_type(doc, "out_of_bounds", dict, "an object (with a count)") or {}
+        avg_bw = _of_type(doc, "average_bus_bandwidth", dict, "an object (with a bandwidth)") or {}
+    except ValueError as e:
+        raise err(path, 1, str(e)) from None
+
+    def bad_doc(msg):
+        return err(path, 1, msg)
+
+    ranks = []
+    for k, d in enumerate(devices):
+        if not isinstance(d, dict):
+            raise bad_doc(f"devices[{k}] {quote(d)} is not an object (one per rank)")
+        ranks.append(_whole(d.get("rank", k), f"devices[{k}].rank", bad_doc, "a rank number", null=False))
+    hosts = [str(d.get("hostname")) for _, d in sorted(zip(ranks, devices), key=lambda rd: rd[0])]
     gpus = sorted({str(d.get("device_info")) for d in devices if d.get("device_info")})
     if devices:
         n = len(devices)
@@ -98,7 +162,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
         n = int(world)
     else:
         raise err(path, 1, "nccl-tests JSON without a 'devices' list: pass --world N")
-    args = [str(a) for a in doc.get("args") or []]
+    args = [str(a) for a in args]
     res = doc["results"]
     lines = None
     name = benchmark
@@ -113,8 +177,9 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
     if name is None:
         raise err(path, 1, "cannot tell the collective from args, experiment_name or the file name "
                             "(pass the benchmark name)")
-    iters_cfg = cfg.get("iterations")
-    agg = cfg.get("aggregated_iterations")
+    iters_cfg = _whole(cfg.get("iterations"), "config.iterations", bad_doc)
+    agg = _whole(cfg.get("aggregated_iterations"), "config.aggregated_iterations", bad_doc)
+    warmup = _whole(cfg.get("warmup_iters"), "config.warmup_iters", bad_doc)
     nrows = skipped = invalid = 0
     for k, r in enumerate(res):
         def bad(msg):
@@ -126,9 +191,12 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
         if not isinstance(r, dict):
             raise bad("not an object")
         try:
-            nbytes = int(_jnum(r.get("size")))
-        except (TypeError, ValueError):
-            raise bad(f"size {r.get('size')!r} is not a number") from None
+            size = _jnum(r.get("size"))
+            nbytes = int(size)
+        except (TypeError, ValueError, OverflowError):
+            raise bad(f"size {quote(r.get('size'))} is not a number") from None
+        if nbytes != size:
+            raise bad(f"size {quote(r.get('size'))} is not a whole number of bytes")
         if nbytes < 0:
             raise bad(f"size {nbytes} is negative")
         if nbytes == 0:
@@ -136,12 +204,14 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
             continue
         typ = str(r.get("type", "float"))
         redop = r.get("redop")
+        if redop is not None and not isinstance(redop, str):
+            raise bad(f"redop {quote(redop)} is not a reduction's name (sum, prod, ...) or null")
         try:
             root = int(str(r.get("root", "-1")).strip())
         except ValueError:
-            raise bad(f"root {r.get('root')!r} is not an integer") from None
+            raise bad(f"root {quote(r.get('root'))} is not an integer") from None
         params = _nccl_params(redop, root)
-        iters = r.get("actual_iterations") or ((iters_cfg or 0) * (agg or 1)) or None
+        iters = _whole(r.get("actual_iterations"), "actual_iterations", bad) or ((iters_cfg or 0) * (agg or 1)) or None
         found = False
         for key in ("out_of_place", "in_place"):
             half = r.get(key)
@@ -156,13 +226,14 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
                 algbw, busbw = _jnum(half.get("alg_bw")), _jnum(half.get("bus_bw"))
                 nwrong = _jnum(half.get("nwrong"))
             except ValueError as e:
-                raise bad(f"{key}: {e.args[0]!r} is not a number") from None
+                raise bad(f"{key}: {quote(e.args[0])} is not a number") from None
             if t is None or not math.isfinite(t) or t <= 0:
                 invalid += 1  # said in the notes, never silent
                 continue
-            st = _iter_stats(r.get(f"{key}_per_iter")) or _iter_stats(half.get("per_iter")) or _iter_stats(half)
+            st = (_iter_stats(r.get(f"{key}_per_iter"), f"{key}_per_iter.", bad)
+                  or _iter_stats(half.get("per_iter"), f"{key}.per_iter.", bad) or _iter_stats(half, f"{key}.", bad))
             if st is None and key == "out_of_place" and r.get("in_place") is None:
-                st = _iter_stats(r)
+                st = _iter_stats(r, "", bad)
             spread = "std" if st and "time_us_std" in st else "none"
             note = ("per-iteration statistics give min/p90/p99/max/std" if st else
                     "only the mean: no per-iteration statistics in the file")
@@ -170,7 +241,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
             emit(make_row(
                 bench=name, backend="nccl", device="cuda", world=n, nbytes=nbytes,
                 dtype=_NCCL_DTYPES.get(typ, typ), in_place=key == "in_place", params=params, iters=iters,
-                warmup=cfg.get("warmup_iters"), clock="cpu_time" if cpu else "host_clock_loop_mean", mean_us=t,
+                warmup=warmup, clock="cpu_time" if cpu else "host_clock_loop_mean", mean_us=t,
                 stats=st, algbw=algbw if algbw is not None and math.isfinite(algbw) else None,
                 busbw=busbw if busbw is not None and math.isfinite(busbw) else None, check=check_status(nwrong),
                 source=f"nccl-tests JSON ({note})", time_measured=NCCL_TIME_MEASURED, spread=spread,
@@ -181,7 +252,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
     if _nccl_version(doc.get("nccl_version")):
         versions["nccl"] = _nccl_version(doc.get("nccl_version"))
     env = {}
-    for e in doc.get("env") or []:
+    for e in env_list:
         if isinstance(e, str) and "=" in e:
             k, v = e.split("=", 1)
             if k.startswith(ENV_PREFIXES):
@@ -192,7 +263,7 @@ def parse_nccl_json(path, text: str, world=None, benchmark=None, emit=None) -> d
                  + ([f"{invalid} result(s) without a valid time (zero, negative or NaN) left out"] if invalid else []),
                  extra={"tool": {"name": "nccl-tests", "json_version": version}, "tool_settings": settings,
                         "command": args or None, "started": doc.get("start_time"), "finished": doc.get("end_time"),
-                        "out_of_bounds": (doc.get("out_of_bounds") or {}).get("count"),
-                        "tool_avg_busbw_gbps": [_jval((doc.get("average_bus_bandwidth") or {}).get("bandwidth"))]})
+                        "out_of_bounds": oob.get("count"),
+                        "tool_avg_busbw_gbps": [_jval(avg_bw.get("bandwidth"))]})
     return meta
 

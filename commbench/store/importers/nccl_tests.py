@@ -20,6 +20,7 @@ from .rows import (
     make_row,
     name_from_filename,
     numbered_lines,
+    quote,
     run_meta,
 )
 
@@ -28,14 +29,19 @@ _NCCL_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfl
                 "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
                 "uint64": "uint64", "f8e4m3": "fp8_e4m3", "f8e5m2": "fp8_e5m2"}
 
+# Every pattern here is anchored, starts with a literal, or (the NCCL log's) starts only where
+# a run of its characters starts, so a long line costs time in proportion to its length (an
+# unanchored pattern that begins with a repeated class retries from every character: hours
+# for a 1 MB line). The device name is taken to the line's end and stripped after, not by a
+# lazy group before `\s*$`.
 _RANK_RE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
-                      r"\[([^\]]*)\]\s*(.*?)\s*$")
+                      r"\[([^\]]*)\]\s*(.*)$")
 
 
 def _nccl_version(code) -> str | None:
     try:
         c = int(code)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite number
         return None
     if c <= 0:
         return None
@@ -79,7 +85,7 @@ def _nccl_header(tokens: list[str], group_line: str | None, path, lineno: int) -
         names = list(_HALF_NAMES[:len(halves)])
     for h in halves:
         if "algbw" not in h or "busbw" not in h:
-            raise err(path, lineno, f"nccl-tests header half {' '.join(h)!r} lacks algbw/busbw")
+            raise err(path, lineno, f"nccl-tests header half {quote(' '.join(h), 60)} lacks algbw/busbw")
     return {"lead": lead, "halves": list(zip(names, halves)), "timestamp": ts, "ncols": len(cols),
             "line": lineno, "cputime": "cputime" in cols, "per_iter": "i_min" in cols}
 
@@ -116,8 +122,24 @@ def _parse_nccl_params(body: str) -> dict:
 # NCCL's own log lines ("host:pid:tid [dev] NCCL INFO ...", "host:pid:tid [0] misc/ibvwrap.cc:63
 # NCCL WARN ..."), which NCCL_DEBUG prints to the same stdout: at a line's start, or inside a
 # size line that nccl-tests printed in two parts (the rest of the row then follows the log
-# line). A host name starts with a letter, so a row's last digit is not taken for it.
-_NCCL_LOG_IN_RE = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ \[\d+\] (?:\S+ )?NCCL (?:INFO|WARN|ERROR|TRACE|ABORT)\b")
+# line). The pattern starts only where a run of host-name characters starts (the lookbehind),
+# so each run is read once; the host is that run from its first letter, so a row's last
+# digit glued to it is not taken for it.
+_NCCL_LOG_IN_RE = re.compile(r"(?<![\w.-])([\w.-]+):\d+:\d+ \[\d+\] (?:\S+ )?NCCL (?:INFO|WARN|ERROR|TRACE|ABORT)\b")
+_LETTER_RE = re.compile(r"[A-Za-z]")
+
+
+def nccl_log_start(s: str) -> int | None:
+    """Where an NCCL log line starts in s (its host name's first letter), or None."""
+    pos = 0
+    while True:
+        m = _NCCL_LOG_IN_RE.search(s, pos)
+        if m is None:
+            return None
+        letter = _LETTER_RE.search(s, m.start(1), m.end(1))
+        if letter is not None:
+            return letter.start()
+        pos = m.end(1)  # "0:1:2 [0] ...": no host name here; the next run may hold one
 
 NCCL_TIME_MEASURED = "nccl-tests: rank 0's mean over its timed loop (the loop's wall time / iterations)"
 
@@ -158,7 +180,8 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
     in_table = False
     notes = Notes()
     hosts_all, gpus, worlds = [], set(), []
-    pending = None  # (line, tokens) of a size line that an NCCL log line cut in two
+    piece = None  # a size line that NCCL log lines cut: its parts so far
+    after_log = False  # the line before was an NCCL log line
     nlines = 0
 
     def close(b: _NcclBlock, at: int):
@@ -186,12 +209,56 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
         b.last_data = lineno
         _emit_rows(path, lineno, d, b, emit, notes)
 
+    def drop_piece():
+        """A part of a size line whose rest never came: beside NCCL log lines (ranks printing
+        at once) it is said and the table goes on; alone it is a cut row, refused."""
+        nonlocal piece
+        p, piece = piece, None
+        if not p.logged:
+            data(p.line, p.toks)  # raises: too few fields
+            return
+        notes.add(f"line {p.line}: part of a size line ({len(p.toks)} of {cur.header['ncols']} fields) beside "
+                  f"NCCL log lines, skipped: {' '.join(p.toks)[:60]!r}")
+
+    def take(i, line, toks, beside, glued=False):
+        """A table line's fields: a whole row is read; a part of one (fewer fields than the
+        header) waits for its rest, which may come after NCCL log lines."""
+        nonlocal piece
+        numeric = bool(toks) and re.match(r"^[-+]?\d", toks[0]) is not None
+        if piece is not None:
+            joined = piece.toks + toks
+            miss = _fields_missing(joined, cur.header)
+            logged = piece.logged or beside or glued  # parts are joined only where a log line cut them
+            if miss == 0 and logged:
+                start, parts = piece.line, piece.parts + 1
+                piece = None
+                notes.add(f"line {start}: a size line cut in two by an NCCL log line, read with its rest on line {i}"
+                          if parts == 2 else
+                          f"line {start}: a size line cut in {parts} parts by NCCL log lines, read with its rest on "
+                          f"line {i}")
+                data(start, joined)
+                return
+            if numeric and miss > 0 and logged:
+                piece.toks, piece.parts, piece.logged = joined, piece.parts + 1, True
+                return
+            if numeric:
+                drop_piece()
+        if not numeric:  # not a row (a launcher's warning): said; a part before it waits on
+            notes.unknown(i, line, f" (inside the nccl-tests table of line {cur.header['line']})")
+        elif _fields_missing(toks, cur.header) > 0:
+            piece = _Piece(i, toks, beside or glued)
+        else:
+            data(i, toks)
+
     for i, s in numbered_lines(lines):
         nlines = i
         s = s.strip()
         if not s:
             continue
+        beside, after_log = after_log, False
         if s.startswith("#"):
+            if piece is not None:
+                drop_piece()
             body = s.lstrip("#").strip()
             m = re.match(r"Collective test starting:\s*(\S+)", body)
             if m:
@@ -215,7 +282,7 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
                     prev, cur = cur, _NcclBlock(i)
                     cur.name, cur.run_params = prev.name, prev.run_params
                     in_table = False
-                cur.ranks[int(m.group(1))] = (m.group(2), int(m.group(3)), m.group(4), m.group(5))
+                cur.ranks[int(m.group(1))] = (m.group(2), int(m.group(3)), m.group(4), m.group(5).strip())
                 continue
             if body.startswith("nThread"):
                 cur.run_params = _parse_nccl_params(body)
@@ -251,13 +318,14 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
         m = re.search(r"NCCL version (\d+\.\d+\.\d+\S*)", s)
         if m and "NCCL INFO" in s:
             versions.setdefault("nccl", m.group(1).split("+")[0])
-        log = _NCCL_LOG_IN_RE.search(s)
-        if log:
+        log_at = nccl_log_start(s)
+        if log_at is not None:
             notes.count("NCCL log (INFO/WARN)", i)
-            if in_table and log.start() > 0:
-                if pending is not None:
-                    raise err(path, i, f"nccl-tests size line of line {pending[0]} is cut twice by NCCL log lines")
-                pending = (i, s[:log.start()].split())
+            after_log = True
+            if in_table and log_at > 0:
+                take(i, s, s[:log_at].split(), beside, glued=True)
+            elif piece is not None:
+                piece.logged = True
             continue
         if not in_table:
             if s[0].isdigit() and cur.header is None:
@@ -265,19 +333,9 @@ def parse_nccl_stdout(path, lines, world=None, benchmark=None, emit=None) -> dic
             elif not re.match(r"NCCL version", s):
                 notes.unknown(i, s)
             continue
-        toks = s.split()
-        if not re.match(r"^[-+]?\d", toks[0]) and pending is None:
-            notes.unknown(i, s, f" (inside the nccl-tests table of line {cur.header['line']})")
-            continue
-        if pending is not None:
-            start, head = pending
-            pending = None
-            notes.add(f"line {start}: a size line cut in two by an NCCL log line, read with its rest on line {i}")
-            data(start, head + toks)
-            continue
-        data(i, toks)
-    if pending is not None:
-        raise err(path, pending[0], "nccl-tests size line cut by an NCCL log line and never completed")
+        take(i, s, s.split(), beside)
+    if piece is not None:
+        drop_piece()
     if cur.header is not None:
         close(cur, nlines)
     if not blocks:
@@ -356,18 +414,37 @@ def _emit_rows(path, lineno: int, d: dict, b: _NcclBlock, emit, notes) -> None:
             source=f"nccl-tests stdout ({note})", time_measured=NCCL_TIME_MEASURED, spread=spread, extra=extra))
 
 
+class _Piece:
+    """The fields so far of a size line that NCCL log lines cut into parts."""
+
+    def __init__(self, line: int, toks: list[str], logged: bool):
+        self.line, self.toks, self.logged, self.parts = line, toks, logged, 1
+
+
+def _empty_redop(toks: list[str], h: dict) -> bool:
+    """nccl-tests 2.9 and older print an empty redop field for tests without a reduction
+    (alltoall): the line has one field fewer, and the redop's place holds the next number."""
+    if len(toks) != h["ncols"] - 1 or "redop" not in h["lead"]:
+        return False
+    k = h["lead"].index("redop")
+    return k < len(toks) and re.match(r"^-?\d", toks[k]) is not None
+
+
+def _fields_missing(toks: list[str], h: dict) -> int:
+    """How many fields a table line lacks (0: a whole row; below 0: too many)."""
+    if (h["timestamp"] and len(toks) > h["ncols"]) or _empty_redop(toks, h):
+        return 0
+    return h["ncols"] - len(toks)
+
+
 def _nccl_data_line(path, lineno: int, toks: list[str], h: dict) -> dict:
     n = h["ncols"]
     ts = None
     if h["timestamp"] and len(toks) > n:
         toks, ts = toks[:n], " ".join(toks[n:])
-    lead_cols = h["lead"]
-    if len(toks) == n - 1 and "redop" in lead_cols:
-        # nccl-tests 2.9 and older print an empty redop field for tests without a reduction
-        # (alltoall): the line has one field fewer, and the redop's place holds the next number.
-        k = lead_cols.index("redop")
-        if k < len(toks) and re.match(r"^-?\d", toks[k]):
-            toks = toks[:k] + [""] + toks[k:]
+    if _empty_redop(toks, h):
+        k = h["lead"].index("redop")
+        toks = toks[:k] + [""] + toks[k:]
     if len(toks) != n:
         what = f"{n} fields ({' '.join(h['lead'])} + {' '.join(h['halves'][0][1])} per half)"
         raise err(path, lineno, f"malformed nccl-tests data line: expected {what}, got {len(toks)}: "
@@ -378,7 +455,8 @@ def _nccl_data_line(path, lineno: int, toks: list[str], h: dict) -> dict:
             try:
                 lead[col] = int(tok)
             except ValueError:
-                raise err(path, lineno, f"malformed nccl-tests data line: {col} {tok!r} is not an integer") from None
+                raise err(path, lineno, f"malformed nccl-tests data line: {col} {quote(tok)} is not an integer") \
+                    from None
         else:
             lead[col] = tok or None
     pos = len(h["lead"])
@@ -389,7 +467,7 @@ def _nccl_data_line(path, lineno: int, toks: list[str], h: dict) -> dict:
             try:
                 vals[col] = fnum(tok)
             except ValueError:
-                raise err(path, lineno, f"malformed nccl-tests data line: {name} {col} {tok!r} is not a number") \
+                raise err(path, lineno, f"malformed nccl-tests data line: {name} {col} {quote(tok)} is not a number") \
                     from None
         pos += len(cols)
         t = vals.get("time", vals.get("cputime"))

@@ -15,7 +15,7 @@ import re
 from commbench.benchmarks.overlap import overlap_imb_pct
 from commbench.core.stats import bandwidths_gbps
 
-from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, run_meta
+from .rows import Notes, benchmark_name, busbw_factor, err, fnum, make_row, numbered_lines, quote, run_meta
 
 _MPI_DTYPES = {"MPI_CHAR": "uint8", "MPI_BYTE": "uint8", "MPI_SIGNED_CHAR": "int8", "MPI_UNSIGNED_CHAR": "uint8",
                "MPI_INT": "int32", "MPI_FLOAT": "float32", "MPI_DOUBLE": "float64", "MPI_LONG": "int64",
@@ -28,9 +28,24 @@ _OSU_PER_PEER = ("all_gather", "all_to_all", "all_gatherv", "all_to_allv", "gath
 
 
 # Every OSU test's title: "# OSU MPI Allreduce Latency Test v5.9", "# OSU MPI-CUDA Bandwidth
-# Test v7.5", "# OSU MPI_Accumulate latency Test v5.6.3" (library, test, version).
-OSU_TITLE_RE = re.compile(r"^#\s*OSU\s+(MPI-\w+|MPI|NCCL|XCCL|OpenSHMEM|UPC\+\+|UPC|\S+?)[\s_](.*?)\s+Test"
+# Test v7.5", "# OSU MPI_Accumulate latency Test v5.6.3" (library, test, version). The test's
+# name is empty or ends with a non-space: a lazy `(.*?)` before `\s+Test` would read each
+# run of spaces again from each of its characters (hours for a 1 MB line).
+OSU_TITLE_RE = re.compile(r"^#\s*OSU\s+(MPI-\w+|MPI|NCCL|XCCL|OpenSHMEM|UPC\+\+|UPC|\S+?)[\s_](|.*?\S)\s+Test"
                           r"(?:\s+v?(\S+))?\s*$", re.IGNORECASE)
+_OSU_RE = re.compile(r"#\s*OSU\s", re.IGNORECASE)
+_TEST_RE = re.compile(r"Test", re.IGNORECASE)
+
+
+def osu_title(line: str):
+    """OSU_TITLE_RE's match of a line, or None. A title's last or last but one word is
+    'Test': a line without it is no title, said before the pattern, which would try each
+    way to end the library's name in the line's first word and read the rest after each."""
+    if not _OSU_RE.match(line):
+        return None
+    if not any(_TEST_RE.fullmatch(w) for w in line.rsplit(None, 2)[1:]):
+        return None
+    return OSU_TITLE_RE.match(line)
 
 # OSU's point-to-point tests (two ranks) as send_recv rows: the title -> (pattern, how OSU's
 # number gives the row's time).
@@ -68,11 +83,21 @@ def _osu_key(label: str) -> str:
 class _OsuTable:
     def __init__(self, line, lib, title, version):
         self.line, self.lib, self.title, self.version = line, lib, title, version
+        self.shown = title if len(title) <= 80 else title[:77] + "..."  # the title as messages quote it
         self.cols = None
         self.dtype = None
         self.buffers = None  # "-d cuda": "D D", "H D", ...
         self.kind, self.name, self.pattern = None, None, None
         self.rows = self.skipped = self.zero = 0
+
+
+_LATENCY_RE = re.compile("latency", re.IGNORECASE)
+# "Send Buffer on DEVICE (D) and Receive Buffer on HOST (H)": only each word's first letter is
+# kept. In two patterns: as one, `(\w+).*` would read the rest of the line again for each
+# shorter match of the first word.
+_SEND_RE = re.compile(r"Send Buffer on (\w)", re.IGNORECASE)
+_RECEIVE_RE = re.compile(r".*Receive Buffer on (\w+)", re.IGNORECASE)
+_NONBLOCKING_RE = re.compile("non-?blocking", re.IGNORECASE)
 
 
 def _classify(t: _OsuTable, benchmark) -> None:
@@ -83,11 +108,12 @@ def _classify(t: _OsuTable, benchmark) -> None:
     if low in _PT2PT:
         t.kind, t.name, t.pattern = "pt2pt", "send_recv", low
         return
-    m = re.match(r"(non-?blocking\s+)?(.*?)\s+latency$", title, re.IGNORECASE)
-    if m:
-        name = benchmark_name(m.group(2))
+    words = title.split()  # "[Non-blocking] <collective> Latency", read by words: linear in the title
+    if len(words) >= 2 and _LATENCY_RE.fullmatch(words[-1]):
+        nonblocking = len(words) > 2 and _NONBLOCKING_RE.fullmatch(words[0]) is not None
+        name = benchmark_name(" ".join(words[nonblocking:-1]))
         if name is not None and name != "send_recv":
-            t.kind, t.name = ("overlap" if m.group(1) else "coll"), benchmark or name
+            t.kind, t.name = ("overlap" if nonblocking else "coll"), benchmark or name
             return
     t.kind = "unknown"
 
@@ -108,7 +134,7 @@ def parse_osu(path, lines, world=None, benchmark=None, emit=None) -> dict:
         if not s:
             continue
         if s.startswith("#"):
-            m = OSU_TITLE_RE.match(s)
+            m = osu_title(s)
             if m:
                 cur = _OsuTable(i, m.group(1), m.group(2), m.group(3))
                 _classify(cur, benchmark)
@@ -121,9 +147,10 @@ def parse_osu(path, lines, world=None, benchmark=None, emit=None) -> dict:
             if m:
                 cur.dtype = m.group(1)
                 continue
-            m = re.match(r"Send Buffer on (\w+).*Receive Buffer on (\w+)", body, re.IGNORECASE)
-            if m:
-                cur.buffers = f"{m.group(1)[0].upper()} {m.group(2)[0].upper()}"
+            m = _SEND_RE.match(body)
+            m2 = m and _RECEIVE_RE.match(body, m.end())
+            if m2:
+                cur.buffers = f"{m.group(1)[0].upper()} {m2.group(1)[0].upper()}"
                 continue
             low = body.lower()
             if cur.cols is None and (low.startswith("size") or low.startswith("avg latency")):
@@ -151,14 +178,14 @@ def parse_osu(path, lines, world=None, benchmark=None, emit=None) -> dict:
             try:
                 vals[col] = fnum(tok)
             except ValueError:
-                raise err(path, i, f"malformed OSU data line: {col} {tok!r} is not a number") from None
+                raise err(path, i, f"malformed OSU data line: {col} {quote(tok)} is not a number") from None
         _emit_row(path, i, vals, cur, world, emit)
     if not tables:
         raise err(path, 1, f"no '# OSU ... Test' title line in {nlines} lines: not OSU output")
     known = [t for t in tables if t.kind != "unknown"]
     for t in tables:
         if t.kind == "unknown":
-            notes.add(f"line {t.line}: OSU test {t.title!r} is not one commbench imports (collectives, osu_latency, "
+            notes.add(f"line {t.line}: OSU test {t.shown!r} is not one commbench imports (collectives, osu_latency, "
                       f"osu_bw, osu_bibw): its {t.skipped} data line(s) skipped")
             continue
         if t.cols is None:
@@ -166,15 +193,15 @@ def parse_osu(path, lines, world=None, benchmark=None, emit=None) -> dict:
         if not t.rows and not t.zero:
             raise err(path, nlines, f"OSU table of line {t.line} has no data lines: truncated output?")
         if t.zero:
-            notes.add(f"line {t.line}: {t.title}: {t.zero} size-0 line(s) skipped")
+            notes.add(f"line {t.line}: {t.shown}: {t.zero} size-0 line(s) skipped")
         if t.name in _OSU_PER_PEER:
-            notes.add(f"{t.title}: OSU size is per peer; nbytes = size x {world} (commbench S)")
+            notes.add(f"{t.shown}: OSU size is per peer; nbytes = size x {world} (commbench S)")
         if t.kind == "pt2pt":
-            notes.add(f"line {t.line}: OSU {t.title} (point-to-point, 2 ranks) as send_recv rows, pattern "
+            notes.add(f"line {t.line}: OSU {t.shown} (point-to-point, 2 ranks) as send_recv rows, pattern "
                       f"{_PT2PT[t.pattern][0]}" + (f" (world 2, not --world {world}: the test runs on exactly two "
                                                    f"ranks)" if world is not None and int(world) != 2 else ""))
     if not known:
-        names = ", ".join(f"{t.title!r} (line {t.line})" for t in tables)
+        names = ", ".join(f"{t.shown!r} (line {t.line})" for t in tables)
         raise err(path, tables[0].line, f"no OSU test commbench imports: {names} (it imports the collectives, "
                                          f"osu_latency, osu_bw and osu_bibw)")
     first = known[0]
@@ -205,7 +232,7 @@ def _emit_row(path, lineno: int, v: dict, t: _OsuTable, world, emit) -> None:
     name = t.name
     if "size" not in v:
         if name != "barrier":
-            raise err(path, lineno, f"OSU {t.title} line without a Size column")
+            raise err(path, lineno, f"OSU {t.shown} line without a Size column")
         v["size"] = 0.0
     _check_line(path, lineno, v)
     dev = _device(t)

@@ -44,6 +44,13 @@ def err(path, line, msg: str) -> UsageError:
     return UsageError(f"{path}:{line}: {msg}")
 
 
+def quote(v, limit: int = 40) -> str:
+    """v as a message quotes it: its repr, cut to `limit` characters (a field of a file may
+    be megabytes long)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 # Launchers' line prefixes: Open MPI --tag-output "[1,0]<stdout>:" (after a --timestamp-output
 # date when there is one) and srun -l "0: ". A line's prefix is cut before it is read, so a
 # tagged log reads like an untagged one.
