@@ -34,8 +34,8 @@ quick: install
 collectives: install
 	$(PY) -m commbench run collectives $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
-# MoE suites, full DeepSeek-V3 shape (`make moe`: about 65 s on a quiet 2-core loopback, nearly
-# 3 minutes while other jobs share its cores).
+# MoE suites, full DeepSeek-V3 shape (`make moe`: about 14 s on a quiet 2-core loopback, 2 ranks,
+# December 2026; about 1.5 minutes at load average 7).
 # MOE_TOKENS scales the tokens per rank down for a slower host.
 MOE_TOKENS ?=
 moe: install
@@ -58,7 +58,8 @@ overlap: NP = 2
 overlap: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
-# Weak scaling over every rank count the launch allows, with the efficiency table.
+# Weak scaling over every rank count the launch allows, with the efficiency table. It needs two
+# rank counts at least: NP=2 (a 2-core host) gives one, and the run says so (NP=4 or a cluster).
 scaling: install
 	$(PY) -m commbench run scaling $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 

@@ -1,4 +1,4 @@
-"""commbench command line: run, list, report, compare, import, ceilings, model."""
+"""commbench command line: run, list, report, compare, ab, import, ceilings, model."""
 from __future__ import annotations
 
 import argparse
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend mpi with device cuda: the MPI takes CUDA buffers (when the library cannot be asked)")
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
                    help="set a benchmark parameter; several values make a sweep axis")
-    r.add_argument("--np", type=int, help="start this many local ranks")
+    r.add_argument("--np", type=int, help="start this many local ranks (default without a launcher: one per core, "
+                   "at least 2; one per visible GPU on a GPU host)")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
     r.add_argument("--ranks-per-node", type=int, help="override hostname grouping (two tiers on one host)")
     r.add_argument("--master-addr", metavar="ADDR", help="gloo/nccl: the rendezvous address, one of rank 0's host "
@@ -102,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list the points, memory per rank and a rough time, without communicating")
     r.add_argument("--wide", action="store_true", help="tables with every column (default: a compact set that "
                    "fits the terminal; the caption names what it leaves out)")
+    r.add_argument("--verbose", action="store_true", help="every warning on a line of its own (default: one "
+                   "tally line of the rows that carry warnings)")
     r.add_argument("--style", choices=STYLES, default="table", help=_STYLE_HELP + "; nccl-tests measures both "
                    "placements unless --placement or --in-place says otherwise")
     _profile_args(r)
@@ -116,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "DIR/figures/*.png (figures need matplotlib: pip install 'commbench[plot]')")
     rep.add_argument("--wide", action="store_true", help="tables with every column, the scaling table at every "
                      "size (default: a compact set that fits the terminal)")
+    rep.add_argument("--verbose", action="store_true", help="every row's warning on a line of its own (default: "
+                     "one tally line; report.md lists them too)")
     rep.add_argument("--style", choices=STYLES, default="table", help=_STYLE_HELP)
     _profile_args(rep)
 
@@ -123,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="compare runs point by point: faster, slower or not significant",
         description="Forms: compare BASE NEW; compare A1 A2 A3 -- B1 B2 B3 (options before the --); compare --base "
                     "A1 A2 A3 --new B1 B2 B3. With repeated runs a side, each point is judged on how much it moves "
-                    "between runs; with one run a side, a verdict cannot separate noise from change.")
+                    "between runs; a change within what the host's state can explain (runs in blocks or one run a "
+                    "side: 2x; the sides' control measurements apart; disturbed rows) is 'cannot judge'. Exit "
+                    "status: 0, also when points were slower, unless --fail-on-regression; 2 when nothing was "
+                    "compared.")
     # Every run as one positional list: argparse cannot split two variable-length positional
     # lists, so the `--` between the sides is found by compare.split_sides.
     cmp_.add_argument("runs", nargs="*", metavar="RUN",
@@ -133,11 +141,34 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--threshold", type=_pct, default=5.0, metavar="PCT",
                       help="smallest change of p50 that counts, in per cent (default 5); the change's ~95%% "
                            "interval must exclude 0 too (one run a side: the runs' intervals must not overlap)")
-    cmp_.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any point is slower")
+    cmp_.add_argument("--fail-on-regression", action="store_true",
+                      help="the gate: exit 1 when a point is judged slower or a data check failed on either side, "
+                           "3 (inconclusive) when points could not be judged and none is slower, 0 otherwise")
+    cmp_.add_argument("--allow-inconclusive", action="store_true",
+                      help="with --fail-on-regression: exit 0 instead of 3 when points could not be judged")
     cmp_.add_argument("--all", action="store_true", help="list every matched point (default: only faster and slower)")
     cmp_.add_argument("--csv", metavar="FILE", help="also write the whole comparison as CSV")
     cmp_.add_argument("--wide", action="store_true", help="every column, the busbw of both sides too (default: a "
                       "compact set that fits the terminal)")
+
+    ab = sub.add_parser(
+        "ab", help="run A and B alternately in fresh launches (A1 B1 A2 B2 ...), then compare them",
+        description="commbench ab --rounds N [--a-env K=V ...] [--b-env K=V ...] [--a-python PATH] [--b-python PATH] "
+                    "[--out DIR] [compare options] -- RUN-ARGS: runs `commbench run RUN-ARGS --out DIR/A1`, then B1, "
+                    "A2, B2, ..., each side with its own environment and interpreter, then compares A1..AN -- B1..BN.")
+    ab.add_argument("--rounds", type=int, required=True, metavar="N", help="runs a side (at least 2)")
+    for side in ("a", "b"):
+        ab.add_argument(f"--{side}-env", action="append", default=[], metavar="K=V",
+                        help=f"a variable set for side {side.upper()}'s runs, on top of the current environment "
+                             "(repeat for more); recorded in each run's meta.json")
+        ab.add_argument(f"--{side}-python", metavar="PATH", help=f"the interpreter side {side.upper()} runs "
+                        "`PATH -m commbench run` with (default: this one)")
+    ab.add_argument("--out", metavar="DIR", help="where the runs go, DIR/A1, DIR/B1, ... (default results/<timestamp>-ab)")
+    ab.add_argument("--threshold", type=_pct, default=5.0, metavar="PCT", help="as compare's (default 5)")
+    ab.add_argument("--fail-on-regression", action="store_true", help="as compare's: the gate's exit status")
+    ab.add_argument("--allow-inconclusive", action="store_true", help="as compare's")
+    ab.add_argument("--csv", metavar="FILE", help="also write the comparison as CSV")
+    ab.add_argument("run_args", nargs="*", metavar="RUN-ARGS", help="after --: the arguments of `commbench run`")
 
     im = sub.add_parser("import", help="turn nccl-tests (stdout or -J JSON) or OSU output into a result directory")
     im.add_argument("files", nargs="+", help="one or more output files; all go into one result directory")
@@ -314,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.report.terminal import set_wide
 
             set_wide(True)
+        if getattr(args, "verbose", False):
+            from commbench.report.warnings_view import set_verbose
+
+            set_verbose(True)
         if getattr(args, "style", None):
             from commbench.report.terminal import set_style
 
@@ -351,12 +386,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--csv {args.csv}: is a directory (give a file name)")
             try:
                 return compare_paths(base, new, args.threshold, args.fail_on_regression,
-                                     all_points=args.all, csv_out=args.csv)
+                                     all_points=args.all, csv_out=args.csv,
+                                     allow_inconclusive=args.allow_inconclusive)
             except OSError as e:
                 # Exit 2, not 1: a regression gate reads 1 as "slower".
                 if args.csv is not None and e.filename in (None, args.csv):
                     raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror or e}") from e
                 raise
+        if args.cmd == "ab":
+            from commbench.run.ab import ab_command
+
+            return ab_command(args, argv, lambda words: build_parser().parse_args(["run", *words]))
         if args.cmd == "import":
             from commbench.store.importers import import_to_run
 

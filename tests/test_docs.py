@@ -1,6 +1,7 @@
 """The documentation's commands are real: every `commbench ...` command in README.md and
 docs/*.md parses with commbench's own argparse parser, every `make TARGET` named exists in
-the Makefile, and README.md stays short enough to read in ten minutes."""
+the Makefile, README.md stays short enough to read in ten minutes, and its example tables
+(tools/doc_examples.py) have the columns the tool prints now."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ from commbench.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300
-SUBCOMMANDS = ("run", "list", "report", "compare", "import", "ceilings", "model")
+SUBCOMMANDS = ("run", "list", "report", "compare", "ab", "import", "ceilings", "model")
 # `commbench` followed by a subcommand, as a word of its own (not `commbench.load`, not a path
 # such as commbench/suites/quick.toml).
 COMMAND = re.compile(r"(?<![\w./-])commbench\s+(?=(?:%s)\b)" % "|".join(SUBCOMMANDS))
@@ -191,3 +192,96 @@ def test_extraction_reads_shell_lines():
     span = "commbench run SUITE [--np N] ... > out.txt"
     assert words_after(span, COMMAND.search(span).end()) == ["run", "SUITE", "--np", "N"]
     assert not COMMAND.search("commbench.load(paths)") and not COMMAND.search("commbench/suites/run.toml")
+
+
+# ---------------------------------------------------------------------------------------
+# Example tables: tools/doc_examples.py writes them between markers from real runs; their
+# columns must be the columns the table code prints now (a renamed column fails here: rerun
+# `.venv/bin/python tools/doc_examples.py`).
+
+EXAMPLE = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /example -->", re.S)
+
+
+def stored_examples() -> list[tuple[str, str]]:
+    return [(f"{p.relative_to(ROOT)}:{m.group('name')}", m.group("body"))
+            for p in doc_files() for m in EXAMPLE.finditer(p.read_text())]
+
+
+def example_table(body: str) -> tuple[str, list[str], list[str]]:
+    """(the table's title, the headers of its columns, the columns its caption says are not
+    shown) of an example's ASCII table; a header on two lines is read as one."""
+    lines = body.splitlines()
+    top = next(i for i, ln in enumerate(lines) if ln.startswith("+"))
+    sep = next(i for i in range(top + 1, len(lines)) if lines[i].startswith("|-"))
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[top + 1:sep]]
+    heads = [" ".join(x for x in col if x) for col in zip(*cells)]
+    bottom = next(i for i in range(sep + 1, len(lines)) if lines[i].startswith("+"))
+    caption = " ".join(ln.strip() for ln in lines[bottom + 1:] if not ln.startswith("```"))
+    hidden = re.search(r"not shown: (.*?) \(--wide shows them\)", caption)
+    return lines[top - 1].strip(), heads, hidden.group(1).split(", ") if hidden else []
+
+
+def _rows_like_a_run(bench: str) -> list[dict]:
+    """Rows of `bench` with every field its table reads, as a run on the loopback writes them."""
+    from conftest import make_row
+
+    judged = {"tier": "scaleup", "bottleneck": "shared memory (memcpy)", "ceiling_gbps": 9.4,
+              "ceiling_achieved_gbps": 9.4, "compared_as": "busbw", "profile": "loopback", "run": "r"}
+    if bench != "moe":
+        return [make_row(bench, 2, s, 5.0 + s / 1e3, time_bound_us=s / 9.4e3, pct_of_ceiling=10.0 + i,
+                         pct_of_achieved=10.0 + i, **judged) for i, s in enumerate((8, 1 << 16, 1 << 22))]
+    rows = []
+    for copies in ("rank", "expert"):
+        for stage, dt in (("dispatch", "fp8"), ("combine", "bf16")):
+            p = {"tokens": 512, "hidden": 7168, "experts": 256, "topk": 8, "copies": copies, "routing": "uniform"}
+            rows.append(make_row("moe", 2, 0, 2e4 if copies == "rank" else 7e4, stage=stage, dtype=dt, params=p,
+                                 placement=None, logical_gbps=0.3, remote_gbps=0.15, scaleup_gbps=0.15,
+                                 scaleout_gbps=0.0, load_max_over_mean=1.01, hottest_rank=1, outside_a2a_pct=20.0,
+                                 stage_us_layout=300.0, stage_us_a2a=1.5e4, stage_us_reduce=3e3,
+                                 routed_nbytes=7.6e6, sent_nbytes=2.4e8, time_bound_us=500.0, pct_of_ceiling=2.0,
+                                 **{**judged, "compared_as": "per-tier bytes"}))
+    return rows
+
+
+def produced_table(bench: str) -> tuple[str, set[str]]:
+    """(title, every header) of the table the code builds for rows of `bench` now, before
+    the printing leaves any column out."""
+    from commbench.benchmarks.base import for_rows
+    from commbench.report import terminal, views
+
+    rows = _rows_like_a_run(bench)
+    b = for_rows(bench)
+    tables = views.tables(b, rows, True) or [terminal.collective_table(bench, b, rows, True)]
+    return (str(tables[0].title).replace("\\[", "["),
+            {" ".join(str(c.header).split()) for t in tables for c in t.columns})
+
+
+def test_readme_examples_come_from_the_tool():
+    names = {n.split(":", 1)[1] for n, _ in stored_examples() if n.startswith("README.md:")}
+    assert {"quick", "moe"} <= names, "README's example tables go between <!-- example: NAME --> markers"
+    for where, body in stored_examples():
+        assert "Produced by `tools/doc_examples.py` on " in body and " cores, load average " in body, where
+
+
+def test_example_tables_have_the_columns_the_tool_prints_now():
+    """Every column of a stored example (shown, or named as not shown) is a column the table
+    code gives rows of its benchmark now, under the same title; the check itself catches a
+    column under its old name."""
+    old = ("```\n$ commbench run moe\n   moe dispatch/combine  [mpi/cpu]\n+------+\n| shape | stage | logical |\n"
+           "|-------+-------+---------|\n| rank | dispatch | 0.1 |\n+------+\nnot shown: p99 (us) (--wide shows them)\n```")
+    title, heads, hidden = example_table(old)
+    assert heads == ["shape", "stage", "logical"] and hidden == ["p99 (us)"]
+    assert [h for h in heads + hidden if h not in produced_table(title.split()[0])[1]] == ["logical"]
+    bad = []
+    examples = stored_examples()
+    assert examples, "no example tables between <!-- example: NAME --> markers in README.md or docs/"
+    for where, body in examples:
+        title, heads, hidden = example_table(body)
+        bench = title.split()[0]
+        got_title, produced = produced_table(bench)
+        if title.split("[")[0].strip() != got_title.split("[")[0].strip():
+            bad.append(f"{where}: title {title!r}, the tool's {got_title!r}")
+        stale = [h for h in heads + hidden if h not in produced]
+        if stale:
+            bad.append(f"{where}: columns {stale} are not the tool's ({sorted(produced)})")
+    assert not bad, "stale example tables (rerun .venv/bin/python tools/doc_examples.py):\n" + "\n".join(bad)

@@ -317,8 +317,11 @@ def test_a_bad_master_port_is_one_line(tmp_path, busy_port, backend, case):
     if backend == "jax":
         pytest.importorskip("jax")
     port = str(busy_port) if case == "busy" else case
+    # One rank of a launch the torchrun way (RANK, WORLD_SIZE): without them `run` starts
+    # its own local ranks, on a port it chooses.
     r = _run(("run", "quick", "-b", "all_reduce", "--sizes", "8", "--backend", backend, "--iters", "2",
-              "--out", tmp_path / "r"), {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+              "--out", tmp_path / "r"), {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "0",
+                                         "WORLD_SIZE": "1"})
     _one_line(r, "MASTER_PORT", port)
 
 

@@ -51,12 +51,13 @@ def test_hierarchical_on_one_node_is_flat():
     assert np.array_equal(r["scaleup_recv_rows"], r["flat_scaleup_recv_rows"])
 
 
-def test_low_latency_padded_and_useful_by_hand():
-    r = A.low_latency_rows([3, 0, 2, 1], [[1, 0], [2, 3]], capacity=2)
-    assert r == {"padded_sent_rows": 8, "useful_sent_rows": 5, "padded_recv_rows": 8, "useful_recv_rows": 5,
-                 "overflow_rows": 1}
+def test_low_latency_routed_and_sent_by_hand():
+    # One rank, four experts, capacity 2, 8-byte rows: a count header of 4 x 8 bytes is 4 rows.
+    r = A.low_latency_rows([[3, 0, 2, 1]], capacity=2, row_nbytes=8)
+    assert (r["routed_rows"][0], r["header_rows"][0], r["sent_rows"][0], r["overflow_rows"][0]) == (5, 4, 9, 1)
+    assert A.low_latency_rows([[3, 0, 2, 1]], 2, 8, split_sizes=False)["sent_rows"][0] == 4 * 3  # the slot table
     with pytest.raises(ValueError):
-        A.low_latency_rows([1], [[1]], 0)
+        A.low_latency_rows([[1]], 0, 8)
 
 
 # --- low-latency mode through the CLI (gloo: the device path on CPU tensors) --------------
@@ -72,7 +73,7 @@ def _rows(out):
 
 
 @pytest.mark.parametrize("np_,routing", [(2, "uniform"), (4, "zipf")])
-def test_low_latency_on_gloo_checks_and_counts_the_padding(tmp_path, np_, routing):
+def test_low_latency_on_gloo_checks_and_counts_the_bytes_sent(tmp_path, np_, routing):
     pytest.importorskip("torch")
     from commbench.moe import make_routing
     from conftest import run_cli
@@ -85,16 +86,16 @@ def test_low_latency_on_gloo_checks_and_counts_the_padding(tmp_path, np_, routin
     assert {x["check"] for x in rows} == {"ok"} and {x["engine"] for x in rows} == {"torch"}
     assert [x["stage"] for x in rows] == ["dispatch", "combine"]
     assert "stage_us_sync" not in rows[0] and "stage_us_counts" not in rows[0]  # nothing waits on the host
-    # Rank 0's figures, by hand: E regions of C = T slots plus a header row each, fp8 rows of
-    # H + H/32 bytes; useful = the (token, expert) rows its routing holds.
-    d = rows[0]
+    # The busiest sender's figures, by hand: its T x K routed fp8 rows of H + H/32 bytes and a
+    # count header row per destination; combine returns the most any rank received, bf16.
+    d, c = rows
     E, T, K, rb = 8, 64, 2, 256 + 256 // 32
     assert d["capacity"] == T and d["overflow_rows"] == 0
-    assert d["padded_sent_nbytes"] == (E * T + E) * rb and d["useful_sent_nbytes"] == T * K * rb
-    got = sum(int((make_routing(routing, num_tokens=T, num_experts=E, top_k=K, rank=s, world=np_, seed=0,
-                                **({"alpha": 1.0} if routing == "zipf" else {})).topk_idx // (E // np_) == 0).sum())
-              for s in range(np_))
-    assert d["useful_recv_nbytes"] == got * rb and d["padded_recv_nbytes"] == (E * T + E) * rb
+    assert d["routed_nbytes"] == T * K * rb and d["sent_nbytes"] == (T * K + np_) * rb
+    got = max(sum(int((make_routing(routing, num_tokens=T, num_experts=E, top_k=K, rank=s, world=np_, seed=0,
+                                    **({"alpha": 1.0} if routing == "zipf" else {})).topk_idx // (E // np_)
+                       == dst).sum()) for s in range(np_)) for dst in range(np_))
+    assert c["routed_nbytes"] == c["sent_nbytes"] == got * 2 * 256 and c["padding_factor"] == 1.0
 
 
 def test_low_latency_capacity_too_small_overflows_and_the_check_says_so(tmp_path):

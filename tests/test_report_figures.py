@@ -127,7 +127,7 @@ def test_report_opens_with_the_summary(report):
 def test_report_has_what_the_terminal_says_about_variants_and_moe(report):
     md = report["markdown"].read_text()
     assert "variants side by side (baseline nccl-ring)" in md
-    assert "vs nccl-ring: best" in md and ("faster from" in md or "never faster" in md)
+    assert "vs nccl-ring: cannot judge: one run each (--repeat 3 to judge)" in md and "clearly" not in md
     assert "variant nccl-nvls: skipped: needs NVLink SHARP" in md
     # MoE rows say the copies mode (rank and expert copies differ 3.4x here).
     assert "copies=rank" in md and "copies=expert" in md

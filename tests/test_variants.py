@@ -122,10 +122,10 @@ def test_variants_launch_separately_into_one_run(tmp_path):
     assert vs["han-ring"]["library"]["mismatch"] is True
     assert "asked for coll/han but the library used coll/tuned" in r.stdout
     # side-by-side report with speedups and crossover, from the run and from disk
-    # A speedup is claimed only on rows measured undisturbed and clearly apart; on a busy host
-    # the line says it cannot judge, and why.
+    # One run each: no speedup or slowdown is claimed, and the line says what would judge it.
     assert "variants side by side (baseline ompi-ring)" in r.stdout
-    assert re.search(r"vs ompi-ring: (best [0-9.]+x|cannot judge a speedup)", r.stdout), r.stdout[-3000:]
+    assert re.search(r"vs ompi-ring: cannot judge: one run each \(--repeat 3 to judge\)", r.stdout), r.stdout[-3000:]
+    assert "clearly" not in r.stdout
     rep = run_cli("report", out)
     assert rep.returncode == 0 and "variants side by side" in rep.stdout and "nccl-nvls: skipped" in rep.stdout
 
@@ -144,8 +144,8 @@ def test_external_launcher_runs_one_variant_per_launch(tmp_path):
     p = subprocess.run(launch.mpirun_command(2, base + ["--variant", "default"]), cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode != 0 and "already holds a run" in p.stderr
-    # several variants without --np: one per launch
-    r = run_cli("run", "inswitch")
+    # several variants under a launcher (without --np, no launcher, `run` starts the ranks itself): one per launch
+    r = run_cli("run", "inswitch", env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     assert r.returncode == 2 and "--variant NAME" in r.stderr
 
 

@@ -14,7 +14,10 @@ SIZES = [1024, 65536, 1 << 20]
 
 
 def _row(bench, variant, nbytes, p50, repeat=1, **kw):
-    return {"run": "r", "benchmark": bench, "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
+    # Each repeat of each variant a launch of its own, the variants alternating repeat by
+    # repeat: the launch id's time orders them so, as `run --np N --repeat 3` does.
+    launch = f"7-{repeat * 100 + sorted(BUILTIN).index(variant)}"
+    return {"launch": launch, "run": "r", "benchmark": bench, "backend": "mpi", "device": "cpu", "world": 2, "nbytes": nbytes,
             "dtype": "float32", "placement": "out-of-place", "variant": variant, "params": {}, "stage": "",
             "variant_env": BUILTIN[variant].env, "inswitch": False, "time_us_p50": p50, "time_us_p90": p50 * 1.02,
             "algbw_gbps": nbytes / p50 / 1e3, "busbw_gbps": nbytes / p50 / 1e3, "repeat": repeat, **kw}
@@ -33,7 +36,7 @@ def test_which_variant_changes_which_collective():
 
 
 def test_a_variant_that_leaves_the_collective_alone_is_no_change_expected():
-    rows = [_row("reduce_scatter", v, s, 10.0 * k) for s in SIZES
+    rows = [_row("reduce_scatter", v, s, 10.0 * k, rep) for rep in (1, 2, 3) for s in SIZES
             for v, k in (("ompi-ring", 3.0), ("default", 1.0), ("ompi-recursive-doubling", 1.0))]
     verdicts, lines = _lines(rows)
     assert verdicts["default"][1] is None and "no change expected: neither changes reduce_scatter" in verdicts["default"][4]
@@ -46,10 +49,10 @@ def test_a_variant_that_leaves_the_collective_alone_is_no_change_expected():
 
 
 def test_warned_rows_are_never_the_best_and_repeats_that_disagree_cannot_judge():
-    # Fastest at 1M, but that row ran disturbed: the best is taken from the other sizes.
-    rows = [_row("all_reduce", "ompi-ring", s, 30.0) for s in SIZES]
-    rows += [_row("all_reduce", "ompi-recursive-doubling", s, p) for s, p in zip(SIZES, (20.0, 15.0, 3.0))]
-    rows[-1].update(disturbed=True, warning="disturbed: a rank waited for a CPU 50 % of the point's time")
+    # Fastest at 1M, but one repeat of that row ran disturbed: the best is taken from the other sizes.
+    rows = [r for rep in (1, 2, 3) for r in [_row("all_reduce", "ompi-ring", s, 30.0, rep) for s in SIZES] +
+            [_row("all_reduce", "ompi-recursive-doubling", s, p, rep) for s, p in zip(SIZES, (20.0, 15.0, 3.0))]]
+    rows[5].update(disturbed=True, warning="disturbed: a rank waited for a CPU 50 % of the point's time")
     verdicts, lines = _lines(rows)
     assert verdicts["ompi-recursive-doubling"][1] == 2.0 and verdicts["ompi-recursive-doubling"][2] == 65536
     assert "1 row(s) not usable" in verdicts["ompi-recursive-doubling"][4]
@@ -60,7 +63,8 @@ def test_warned_rows_are_never_the_best_and_repeats_that_disagree_cannot_judge()
         rows += [_row("all_reduce", "ompi-recursive-doubling", s, 30.0 / k, rep) for s in SIZES]
     verdicts, _ = _lines(rows)
     v = verdicts["ompi-recursive-doubling"]
-    assert v[1] is None and v[4].startswith("cannot judge a speedup") and "3 interleaved repeats" in v[4]
+    assert v[1] is None and v[4].startswith("cannot judge: at no size clearly faster or slower in every pair")
+    assert "3 interleaved repeats" in v[4] and "at 3 size(s) the pairs disagree" in v[4]
     for r in rows:  # all three repeats agree: judged faster
         if r["variant"] != "ompi-ring" and r["repeat"] == 3:
             r.update(time_us_p50=25.0, time_us_p90=25.5)
@@ -225,13 +229,13 @@ def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode in (0, 1), p.stderr[-2000:]
     (rec,) = [json.loads(x) for x in open(tmp_path / "g" / "rounds.jsonl")]
-    assert rec["same_exit"] in (0, 1) and rec["planted_exit"] in (0, 1)
+    assert rec["same_exit"] in (0, 1, 3) and rec["planted_exit"] in (0, 1, 3)  # 3: inconclusive
     assert sorted(rec["order"]) == sorted(f"{s}{i}" for s in "ABP" for i in (1, 2, 3))
     assert set(rec["planted_found"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
                                          "all_reduce:float32:65536"}
     assert set(rec["planted_cannot_judge"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
                                                 "all_reduce:float32:65536"}
-    assert "planted 20 % on 3 points" in p.stdout and (tmp_path / "g" / "round01" / "planted.csv").is_file()
+    assert "planted 20 % on 3 points" in p.stdout and "nothing slower (compare exit 0 or 3) in" in p.stdout and (tmp_path / "g" / "round01" / "planted.csv").is_file()
     for args, words in ((["--sizes", "8,16"], "no planted point"), (["--sizes", "x"], "--sizes"),
                         (["--rounds", "0"], "--rounds"), (["--planted", "all_reduce:float32"], "--planted")):
         p = subprocess.run(gate + args + ["--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True,

@@ -260,7 +260,8 @@ def scaling_table(df):
         if got is None:
             if not b.collective_rows:
                 continue
-            g = g[g["nbytes"].astype(float) > 0]
+            # World 1 moves nothing over a link: its busbw (a broadcast's 100,000 GB/s) is no base.
+            g = g[(g["nbytes"].astype(float) > 0) & (g["world"].astype(int) > 1)]
             if "busbw_gbps" not in g.columns:
                 if len(g):
                     raise UsageError("rows lack the column busbw_gbps")

@@ -13,6 +13,7 @@ import math
 
 from commbench.benchmarks import Benchmark, registry
 from commbench.core.errors import UsageError
+from commbench.core.hoststate import STEAL_PCT, WAIT_PCT
 
 # The profile names that callers reach through this module (ceilings.load_profile, ...):
 # loading a profile and judging rows against it go together at every call site.
@@ -35,7 +36,14 @@ INSWITCH_MARKERS = ("nvls", "sharp", "collnet", "inswitch", "multimem")
 
 # Keys ceiling_for_row always returns, in display order.
 CEILING_KEYS = ("tier", "bottleneck", "ceiling_gbps", "ceiling_achieved_gbps", "compared_as", "compared_gbps",
-                "pct_of_ceiling", "pct_of_achieved", "time_bound_us", "ceiling_note")
+                "pct_of_ceiling", "pct_of_achieved", "time_bound_us", "bound_busbw_gbps", "bound_achieved_busbw_gbps",
+                "bound_basis", "ceiling_doubt", "ceiling_note")
+
+# What a world-1 row says in place of a ceiling and a bandwidth verdict.
+WORLD_1_NOTE = "world 1: nothing crosses a link"
+# What a table's ceiling column holds: the ceiling in the row's own unit.
+CEILING_COLUMN_NOTE = ("ceiling = the busbw the link's line rate allows (across nodes: the NICs that carry the "
+                       "inter-node share), % of ceiling = busbw / ceiling")
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,6 +110,8 @@ def ceiling_for_row(profile: Profile, row: dict, node_of_rank: list[int]) -> dic
     """The link ceiling a measured row is compared with; see CEILING_KEYS. Never raises
     for a row the profile cannot judge: values are None and ceiling_note says why."""
     world = int(row.get("world") or 0)
+    if world == 1:  # busbw stays as the formula gives it (nccl-tests prints it at one GPU), judged by nothing
+        return _blank("scaleup", WORLD_1_NOTE)
     nodes = list(node_of_rank)[:world]
     if world < 1 or len(nodes) < world:
         return _blank(note=f"node_of_rank covers {len(nodes)} ranks, the row has {world}")
@@ -126,9 +136,6 @@ def ceiling_for_row(profile: Profile, row: dict, node_of_rank: list[int]) -> dic
         out["bottleneck"] = _nic_name(profile) if multi else profile.scaleup_link
         out["time_bound_us"] = max(lat) if lat else None
         return out
-    if world == 1:
-        return _blank("scaleup", "one rank: nothing crosses a link")
-
     # Loopback: a rank's send and receive buffers (~2x nbytes) decide in or beyond cache.
     up_line, up_ach = scaleup_rates_for(profile, int(2 * nbytes))
     out_line, out_ach = profile.scaleout_line_gbps, profile.scaleout_achieved_gbps
@@ -167,7 +174,108 @@ def ceiling_for_row(profile: Profile, row: dict, node_of_rank: list[int]) -> dic
     if res["pct_of_ceiling"] is not None and res["pct_of_ceiling"] > 100:
         res["ceiling_note"] = ("above the line rate: an in-switch or tree algorithm the variant does not "
                                "name, or a profile below the hardware")
+    factor = float(row.get("busbw_factor") or 0.0)
+    if res["pct_of_ceiling"] is not None and factor > 0:
+        res["bound_busbw_gbps"], res["bound_achieved_busbw_gbps"] = _bound_busbw(
+            compared_as, nbytes, factor, world, (line, bound_us), (ach, ach_bound_us))
+        res["bound_basis"] = _bound_basis(profile, compared_as, on_nic, line, nodes, domains,
+                                          res["bound_busbw_gbps"], bench)
+    if not on_nic:
+        res["ceiling_doubt"] = _scaleup_doubt(profile, int(2 * nbytes)) or None
     return res
+
+
+def _bound_busbw(compared_as: str, nbytes: float, factor: float, world: int, at_line: tuple,
+                 at_achieved: tuple) -> tuple:
+    """The busbw a row would show at its time bound, at the line and at the achieved rate:
+    the ceiling in the row's own unit, so that % of ceiling = busbw / this. Compared as
+    busbw, that is the rate itself; as wire rate (in-switch), the rate x busbw / wire =
+    rate x F n/(n+1); per tier, S x F over the bound (the tier that bounds it carries only
+    its share of the bytes: 8 NICs of 50 GB/s allow 400 GB/s of ring busbw across nodes)."""
+    out = []
+    for rate, bound_us in (at_line, at_achieved):
+        if compared_as == "busbw":
+            out.append(rate)
+        elif compared_as.startswith("wire"):
+            out.append(None if rate is None else rate * factor * world / (world + 1))
+        else:
+            out.append(nbytes * factor / (bound_us * 1e3) if bound_us and bound_us > 0 else None)
+    return tuple(out)
+
+
+def _bound_basis(profile: Profile, compared_as: str, on_nic: bool, line: float, nodes: list, domains: list,
+                 bound_busbw: float | None, bench) -> str | None:
+    """What sets the bound busbw, in words, when it is not the line rate itself: "8 NICs
+    of 50 GB/s allow at 2 nodes x 8". None for a row compared as busbw on one tier."""
+    if compared_as == "busbw" or bound_busbw is None:
+        return None
+    link = _nic_name(profile) if on_nic else profile.scaleup_link
+    if compared_as.startswith("wire"):
+        return f"the {line:.4g} GB/s line rate of {link} allows in the switch (wire rate = algbw (n+1)/n)"
+    g_min, g_max = bench.domain_sizes(domains)
+    n_domains = len(set(domains))
+    where = "nodes" if len(set(nodes)) == n_domains else "scale-up domains"
+    shape = f"{n_domains} {where} x {g_max}" if g_min == g_max else f"{n_domains} {where} of {g_min} to {g_max} ranks"
+    if on_nic and math.isclose(bound_busbw, g_min * line, rel_tol=1e-6):
+        return f"{g_min} NICs of {line:.4g} GB/s allow at {shape}"
+    return f"{link} at {line:.4g} GB/s allows at {shape}"
+
+
+def _scaleup_doubt(profile: Profile, nbytes: int) -> str:
+    """Why the scale-up rate a working set of `nbytes` is compared with cannot carry a
+    verdict ('' when it can): a loopback probe that was disturbed or spread too far."""
+    in_cache = (profile.scaleup_in_cache_gbps is not None and profile.cache_nbytes is not None
+                and nbytes <= profile.cache_nbytes)
+    return (profile.scaleup_in_cache_doubt if in_cache else profile.scaleup_doubt) or ""
+
+
+# A memcpy probe whose samples spread more than this ((max - min) / median) is no ceiling for
+# a verdict. On the 2-core test host a quiet probe spread 0.4-10 % (4 probes of each size; the
+# one at 10 % had waited 4 % of its time); beside one busy loop a core, 12-174 %, waiting 77 %
+# of its time, its median 3-5x low (3 of each). tools/probe_spread.py measures it.
+PROBE_SPREAD_PCT = 20.0
+
+
+def probe_doubt(probe: dict, where: str) -> str:
+    """Why the loopback probe of `where` (in_cache | beyond_cache) is no ceiling for a
+    verdict, '' when it is: it waited for a CPU (another process held its core: the rate is
+    the scheduler's) or its samples spread beyond PROBE_SPREAD_PCT."""
+    what = "in-cache" if where == "in_cache" else "beyond-cache"
+    why = []
+    wait, steal = probe.get(f"memcpy_{where}_wait_pct"), probe.get(f"memcpy_{where}_steal_pct")
+    if _num_ok(wait) and wait > WAIT_PCT:
+        why.append(f"the {what} memcpy probe waited for a CPU {wait:.0f} % of its time (> {WAIT_PCT:g} %)")
+    if _num_ok(steal) and steal > STEAL_PCT:
+        why.append(f"CPU steal {steal:.0f} % over the {what} memcpy probe (> {STEAL_PCT:g} %)")
+    spread = probe.get(f"memcpy_{where}_spread_pct")
+    if _num_ok(spread) and spread > PROBE_SPREAD_PCT:
+        why.append(f"the {what} memcpy probe spread {spread:.0f} % (> {PROBE_SPREAD_PCT:g} %)")
+    return "; ".join(why)
+
+
+def share_of_ceiling(row: dict) -> str:
+    """A row's % of its ceiling, naming the ceiling in the row's own unit (busbw): "84.7%
+    of the 400 GB/s busbw that 8 NICs of 50 GB/s allow at 2 nodes x 8", or "88.0% of the
+    12.75 GB/s line rate" where the bound is the line rate itself; '' without a %."""
+    pct, line = row.get("pct_of_ceiling"), row.get("ceiling_gbps")
+    if not _num_ok(pct) or not _num_ok(line):
+        return ""
+    bound, basis = row.get("bound_busbw_gbps"), row.get("bound_basis")
+    if _num_ok(bound) and isinstance(basis, str) and basis:
+        return f"{float(pct):.1f}% of the {float(bound):.4g} GB/s busbw that {basis}"
+    return f"{float(pct):.1f}% of the {float(line):.4g} GB/s line rate"
+
+
+def ceiling_busbw(row: dict, achieved: bool = False):
+    """The ceiling in busbw (a table's ceiling column, the busbw figure's line): the bound's
+    busbw, else (rows judged before it was recorded) the line rate; achieved: at the
+    typical achieved rate."""
+    bound = row.get("bound_achieved_busbw_gbps" if achieved else "bound_busbw_gbps")
+    return bound if _num_ok(bound) else row.get("ceiling_achieved_gbps" if achieved else "ceiling_gbps")
+
+
+def _num_ok(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _row_compared(row: dict, world: int, inswitch: bool) -> float | None:
@@ -182,6 +290,8 @@ def add_ceiling(row: dict, profile, nodes: list[int]) -> None:
     """The row's tier, ceiling and % of it (ceiling_for_row), under the profile's name."""
     if profile is None:
         row.update({k: None for k in CEILING_KEYS}, profile=None)
+        if int(row.get("world") or 0) == 1:
+            row["ceiling_note"] = WORLD_1_NOTE
         return
     row.update(ceiling_for_row(profile, row, nodes), profile=profile.name)
 

@@ -16,15 +16,17 @@ each run's own interval is a few per cent wide. So:
   3. for runs made with `run --repeat N`, it is larger than the spread of the point's
      repeats within a run, and the faster side's own repeats do not reach the slower side's
      level in half of them (analyse/repeat_guards.py): otherwise "cannot judge".
-* A change that rests on a row run disturbed or oversubscribed (verdicts.untrusted_reason)
-  is "cannot judge", not "slower"/"faster".
+* Every verdict then passes the host's rule (analyse/host_moved.py): a change no larger than
+  what the host's state can explain -- runs in blocks or one run a side, the sides' control
+  measurements apart, disturbed rows -- is "cannot judge" with the reason; a point with a
+  disturbed or oversubscribed row is never "not significant" either.
 * A point whose data check failed on a side ("check failed (new)") has wrong results there:
   its speed is not judged, and the regression gate fails on it (exit_status).
 * A point the two sides timed by different methods (the rows' `timing`: back_to_back against
   barrier) measured two different things: "cannot judge", never faster or slower.
 * With one run per side there is no run-to-run spread to judge by. The verdict then falls
-  back to each run's own ~95 % interval of its p50 (point_ci) and the threshold, and every
-  verdict and the summary say that it cannot separate noise from a change.
+  back to each run's own ~95 % interval of its p50 (point_ci) and the threshold; the two
+  runs ran apart, so the host's rule judges only a change beyond 2x.
 
 Rows keep summary statistics, not raw samples; pure pandas/numpy (the t quantile is
 computed in core.stats, so scipy is not needed). The table is drawn by report.compare_view.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+from commbench.analyse import host_moved
 from commbench.analyse.analysis import params_key
 from commbench.analyse.intervals import _num, between_runs, point_ci  # noqa: F401 (between_runs: the API)
 from commbench.analyse.repeat_guards import level_guard, repeat_p50s, repeat_spreads, repeats_by_run, spread_guard
@@ -45,7 +48,8 @@ from commbench.core.stats import bh_adjust, pooled_spread, t_cdf, t_quantile
 KEYS = ("benchmark", "backend", "world", "nbytes", "dtype", "variant", "placement", "params", "stage")
 VERDICTS = ("faster", "slower", "not significant", "cannot judge")
 ONE_RUN_CAVEAT = "one run per side: cannot separate noise from change"
-REPEAT_HINT = "repeat each side (compare A1 A2 A3 -- B1 B2 B3) to judge on the spread between runs"
+REPEAT_HINT = ("run the sides in turn, 3 runs each (commbench ab --rounds 3; or runs made a1 b1 a2 b2 a3 b3, "
+               "compared A1 A2 A3 -- B1 B2 B3) to judge on the spread between runs")
 
 
 # False discoveries: the share of "slower"/"faster" calls over a sweep that are noise is held
@@ -157,15 +161,12 @@ def _key(r) -> tuple:
             params_key(r.get("params")), _blank(r.get("stage")))
 
 
-def _untrusted(df) -> dict:
-    """key -> why a run's row of that point cannot be evidence (verdicts.untrusted_reason)."""
+def _rows_by_point(*dfs) -> dict:
+    """key -> [(run, row)] over the frames' rows (the host's rule reads them)."""
     out: dict = {}
-    if df is None or len(df) == 0:
-        return out
-    for r in df.to_dict("records"):
-        why = untrusted_reason(r)
-        if why:
-            out.setdefault(_key(r), f"run {_blank(r.get('run'))} {why}")
+    for df in dfs:
+        for r in (df.to_dict("records") if df is not None and len(df) else []):
+            out.setdefault(_key(r), []).append((_blank(r.get("run")), r))
     return out
 
 
@@ -198,7 +199,7 @@ COLUMNS = list(KEYS) + [
     "base_run", "new_run", "base_runs", "new_runs", "base_p50_us", "new_p50_us", "base_run_p50s_us",
     "new_run_p50s_us", "ratio", "change_pct", "change_lo_pct", "change_hi_pct", "base_ci_lo", "base_ci_hi",
     "new_ci_lo", "new_ci_hi", "base_busbw_gbps", "new_busbw_gbps", "busbw_change_pct", "verdict", "basis",
-    "caveat", "only_in", "p_value", "q_value", "check_failed",
+    "caveat", "only_in", "p_value", "q_value", "check_failed", "explained_factor", "explained_by",
 ]
 
 # Timing methods a run measures by (the rows' `timing`); an imported row says "imported" and is
@@ -325,7 +326,7 @@ def fold_repeats(base_df, new_df):
     return out[0], out[1], note
 
 
-def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
+def compare_runs(base_df, new_df, threshold_pct: float = 5.0, host: dict | None = None):
     """One row per point of either side, matched on KEYS. Each frame holds one run or
     several (its `run` column tells them apart).
 
@@ -345,6 +346,11 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
 
     Points on one side only: only_in "base" or "new", verdict "only in base"/"only in new",
     the other side's columns NaN.
+
+    Then the host's rule (host_moved.judge): host is host_moved.host_context of the runs'
+    meta.json (compare_paths gives it); None (frames alone): only the rows' own state is.
+    explained_factor, explained_by: what the host's state can explain at the point; the
+    frame's attrs["host"]: the header's lines about the runs and the control.
     """
     import pandas as pd
 
@@ -356,6 +362,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
                                                                    repeats_by_run(new_df, _key))
     spreads, reps = repeat_spreads(*per), (repeat_p50s(per[0]), repeat_p50s(per[1]))
     raw = (base_df, new_df)  # every repeat: a failed check in one that the fold drops still counts
+    one_each = _runs(base_df) == _runs(new_df) == 1
     base_df, new_df, fold_note = fold_repeats(base_df, new_df)
     b, n = _sides(base_df), _sides(new_df)
     thr = threshold_pct / 100.0
@@ -366,7 +373,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
         row = {**dict(zip(KEYS, key)), **_side_columns(sb, "base"), **_side_columns(sn, "new"),
                "ratio": math.nan, "change_pct": math.nan, "change_lo_pct": math.nan, "change_hi_pct": math.nan,
                "busbw_change_pct": math.nan, "caveat": "", "only_in": "", "basis": "",
-               "p_value": math.nan, "q_value": math.nan}
+               "p_value": math.nan, "q_value": math.nan, "explained_factor": 1.0, "explained_by": ""}
         if not sb or not sn:
             side = "base" if sb else "new"
             row.update(verdict=f"only in {side}", only_in=side)
@@ -405,13 +412,8 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
     _judge_between_runs(out, pending, thr)
     spread_guard(out, spreads, KEYS)
     level_guard(out, *reps, KEYS)
-    # A change resting on a row that ran disturbed or oversubscribed is not called: the
-    # host, not the code, may have made it.
-    bad = {**_untrusted(new_df), **_untrusted(base_df)}
-    for row in out:
-        why = bad.get(tuple(row[k] for k in KEYS)) if not row["only_in"] else None
-        if why and row["verdict"] in ("slower", "faster"):
-            row.update(verdict="cannot judge", caveat=f"{row['verdict']}? {why}")
+    points = _rows_by_point(base_df, new_df)
+    host_moved.judge(out, host, one_each, lambda k: points.get(k, []), KEYS, thr)
     _check_and_timing(out, *raw)
     if fold_note:
         for row in out:
@@ -422,6 +424,7 @@ def compare_runs(base_df, new_df, threshold_pct: float = 5.0):
         res["_o"] = res["only_in"].map({"": 0, "base": 1, "new": 2})
         res = res.sort_values(["_o", "benchmark", "backend", "world", "dtype", "variant", "placement", "params",
                                "stage", "nbytes"], kind="stable").drop(columns="_o").reset_index(drop=True)
+    res.attrs["host"] = host_moved.header_lines(host, one_each, thr)
     return res
 
 
@@ -441,12 +444,18 @@ def check_failed(df):
     return df[df["check_failed"].astype(str) != ""] if "check_failed" in df.columns else df.iloc[:0]
 
 
-def exit_status(df, fail_on_regression: bool, runs_check_failed=()) -> int:
-    """The CLI's exit status: 1 when asked to fail on a regression and any point is slower,
-    any point failed its data check on either side, or a run's meta.json says check_failed
-    (runs_check_failed): code that computes wrong results fails the gate however fast it is."""
-    bad = len(regressions(df)) or len(check_failed(df)) or len(runs_check_failed)
-    return 1 if fail_on_regression and bad else 0
+def exit_status(df, fail_on_regression: bool, runs_check_failed=(), allow_inconclusive: bool = False) -> int:
+    """The CLI's exit status. Without fail_on_regression: 0 (compare reports). With it (the
+    gate): 1 when a point is judged slower, failed its data check on either side, or a run's
+    meta.json says check_failed (runs_check_failed: code that computes wrong results fails
+    however fast it is); else 3 (inconclusive) when a matched point could not be judged,
+    0 with allow_inconclusive; else 0. (2, nothing compared, is compare_paths' UsageError.)"""
+    if not fail_on_regression:
+        return 0
+    if len(regressions(df)) or len(check_failed(df)) or len(runs_check_failed):
+        return 1
+    inconclusive = bool((split_only(df)[0]["verdict"] == "cannot judge").any())
+    return 3 if inconclusive and not allow_inconclusive else 0
 
 
 def summary(df) -> dict:

@@ -51,6 +51,9 @@ class Profile:
     scaleup_in_cache_gbps: float | None = None  # loopback: memcpy rate while the working set fits the LLC
     cache_nbytes: int | None = None
     scaleup_node_gpus: int | None = None  # GPUs per node (HGX 8, NVL72 tray 4); None: unknown
+    # loopback: why the probe of each rate is no ceiling for a verdict ('' when it is): ceilings.probe_doubt
+    scaleup_in_cache_doubt: str = ""
+    scaleup_doubt: str = ""
     notes: str = ""
     source_path: str = ""
     # [model] terms of the what-if model (model.Terms; docs/model.md names each one's source)
@@ -355,7 +358,7 @@ def apply_overrides(profile: Profile, overrides: dict) -> Profile:
             gbps = _positive(key, value)
             # A fixed rate replaces the size-dependent loopback rates too.
             changes.update(scaleup_line_gbps=gbps, scaleup_achieved_gbps=gbps, scaleup_in_cache_gbps=None,
-                           cache_nbytes=None)
+                           cache_nbytes=None, scaleup_in_cache_doubt="", scaleup_doubt="")
             said.append(f"scale-up overridden: line = achieved = {format_rate(gbps)}")
         elif key == "domain_gpus":
             changes["scaleup_domain_gpus"] = _positive(key, value, integer=True)

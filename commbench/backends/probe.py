@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from commbench.backends.mpi import aligned_empty
+from commbench.core import hoststate
 
 FALLBACK_LLC_NBYTES = 32 << 20
 # The beyond-cache probe copies 4 x the LLC, within these bounds. Why a cap: a VM sees its
@@ -81,6 +82,23 @@ def spread_pct(samples) -> float:
     return float((v.max() - v.min()) / np.median(v) * 100.0) if v.size and np.median(v) > 0 else float("nan")
 
 
+class _ProbeWatch:
+    """The probe's own disturbance, as a point's (core/hoststate): the share of its wall time
+    this thread waited on a run queue, and the host's CPU steal over it. A probe that waited
+    timed the scheduler, not the copy (ceilings.probe_doubt)."""
+
+    def __init__(self):
+        self.wait, self.ticks, self.wall = hoststate.wait_ns(), hoststate.cpu_ticks(), time.monotonic()
+
+    def shares(self) -> dict:
+        wall = max(time.monotonic() - self.wall, 1e-9)
+        w1 = hoststate.wait_ns()
+        steal = hoststate.tick_shares(self.ticks, hoststate.cpu_ticks())
+        return {"wait_pct": 100.0 * (w1 - self.wait) / 1e9 / wall if w1 is not None and self.wait is not None
+                else None,
+                "steal_pct": steal["steal_pct"] if steal["steal_ticks"] >= hoststate.MIN_TICKS else 0.0}
+
+
 def latency_us(comm, iters: int = 2000) -> float | None:
     """p50 of a 0-byte exchange (Sendrecv) between ranks 0 and 1: the library's latency
     floor, osu_latency's one-way figure. Other ranks wait without spinning."""
@@ -109,10 +127,12 @@ def loopback_probe(comm) -> dict:
         res["memcpy_in_cache_nbytes"] = min(llc // 4, IN_CACHE_MAX_NBYTES)
         res["memcpy_beyond_cache_nbytes"] = min(max(4 * llc, BEYOND_CACHE_MIN_NBYTES), BEYOND_CACHE_MAX_NBYTES)
         for where in ("in_cache", "beyond_cache"):
+            watch = _ProbeWatch()
             runs = memcpy_samples_gbps(res[f"memcpy_{where}_nbytes"])
             res[f"memcpy_{where}_gbps"] = float(np.median(runs))
             res[f"memcpy_{where}_runs_gbps"] = runs
             res[f"memcpy_{where}_spread_pct"] = spread_pct(runs)
+            res.update({f"memcpy_{where}_{k}": v for k, v in watch.shares().items()})
         res["memcpy_basis"] = f"median of {PROBES} probes; spread = (max - min) / median"
     comm.idle_barrier()
     lat = latency_us(comm)

@@ -56,6 +56,11 @@ ROW_FIELDS = tuple(ROW_SCHEMA)
 OPTIONAL_ROW_SCHEMA: dict[str, str] = {
     "planted_delay_pct": "the regression gate's test hook (run/plant.py) slowed this point on purpose, by this "
                          "share of its operation's median time: not a measurement of the code",
+    "routed_nbytes": "moe low-latency: the routed rows' bytes of the rank that sends the most (its own included)",
+    "sent_nbytes": "moe low-latency: the bytes that rank's exchange sends (routed rows, count headers, any padding)",
+    "padding_factor": "moe low-latency: sent_nbytes / routed_nbytes (1.0: only the routed rows travel)",
+    "launch": "the id of the launch that measured the row ('<pid>-<ns since the epoch>' of its start): repeats "
+              "with different ids ran in fresh processes; absent on imports and older rows",
 }
 
 

@@ -269,21 +269,74 @@ def hierarchical_rows(topk_by_rank, num_experts: int, node_of_rank, copies: str)
     return out
 
 
-def low_latency_rows(sent_per_expert, recv_per_source_expert, capacity: int) -> dict[str, int]:
-    """One rank's rows in a low-latency dispatch (DeepEP's decode kernels, here over one
-    all_to_all): every (source rank, expert) pair owns `capacity` row slots whether it
-    uses them or not, so no counts are exchanged and nothing waits on the host.
+# What a low-latency exchange is made of (row fields `exchange`): routed rows with split
+# sizes (what DeepEP's kernels put on the wire), or the whole slot table with equal splits
+# (an exchange for a backend without split sizes: every slot sent, used or not).
+EXCHANGE_SPLIT = "routed rows (all_to_all with split sizes)"
+EXCHANGE_SLOT_TABLE = "emulates the slot table (equal splits: every slot sent, used or not)"
+COUNT_NBYTES = 8  # one int64 row count per (source, expert) in a low-latency count header
 
-    sent_per_expert: int (E,) rows this rank routes to each expert; recv_per_source_expert:
-    int (world, local experts) rows arriving from each source for each local expert.
-    Returns padded_sent_rows (E x capacity), useful_sent_rows, padded_recv_rows (world x
-    local x capacity), useful_recv_rows, and overflow_rows (routed beyond a slot region:
-    a capacity too small for the routing)."""
-    sent = np.asarray(sent_per_expert, dtype=np.int64)
-    recv = np.asarray(recv_per_source_expert, dtype=np.int64)
+
+def low_latency_rows(rows_per_rank_expert, capacity: int, row_nbytes: int, stage: str = "dispatch",
+                     split_sizes: bool = True, count_nbytes: int = COUNT_NBYTES) -> dict[str, np.ndarray]:
+    """Rows and bytes each rank puts into one stage of a low-latency exchange (DeepEP's
+    decode kernels): every (source rank, expert) pair owns `capacity` slots on the
+    receiver; a row beyond them overflows (dropped, never combined).
+
+    rows_per_rank_expert: int (world, E), the (token, expert) rows rank r routes to expert
+    e. With split sizes, as DeepEP's kernels send (csrc/kernels/internode_ll.cu, dispatch:
+    one put per routed row into its slot, then one count per expert): dispatch carries
+    each rank's routed rows and, per destination, a count header of
+    ceil(local experts x count_nbytes / row_nbytes) rows; combine returns the rows each
+    rank received, no header (their counts came with the dispatch). Without split sizes
+    (the whole slot table, equal splits) every stage carries E x (capacity + 1) rows a
+    rank: each region's slots and its header row, used or not.
+
+    Returns int64 (world,) arrays: routed_rows (within capacity; what the routing needs
+    carried), header_rows, sent_rows, overflow_rows (dispatch side), routed_nbytes,
+    sent_nbytes. Every figure includes the rows a rank sends itself (the all_to_all's own
+    chunk)."""
+    c = np.asarray(rows_per_rank_expert, dtype=np.int64)
     cap = int(capacity)
     if cap < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
-    return {"padded_sent_rows": int(sent.size * cap), "useful_sent_rows": int(np.minimum(sent, cap).sum()),
-            "padded_recv_rows": int(recv.size * cap), "useful_recv_rows": int(np.minimum(recv, cap).sum()),
-            "overflow_rows": int(np.maximum(sent - cap, 0).sum())}
+    if stage not in ("dispatch", "combine"):
+        raise ValueError(f"stage must be dispatch or combine, got {stage!r}")
+    if c.ndim != 2 or c.shape[0] < 1 or c.shape[1] % c.shape[0]:
+        raise ValueError(f"rows_per_rank_expert must be (world, E) with E divisible by world, got {c.shape}")
+    world, experts = c.shape
+    local = experts // world
+    kept = np.minimum(c, cap)
+    if stage == "dispatch":
+        routed = kept.sum(axis=1)
+        header = np.full(world, world * -(-local * int(count_nbytes) // int(row_nbytes)), dtype=np.int64)
+    else:  # rank r returns what it received: every source's rows for r's local experts
+        routed = kept.reshape(world, world, local).sum(axis=(0, 2))
+        header = np.zeros(world, dtype=np.int64)
+    if not split_sizes:
+        header = np.full(world, experts, dtype=np.int64)
+        sent = np.full(world, experts * (cap + 1), dtype=np.int64)
+    else:
+        sent = routed + header
+    b = int(row_nbytes)
+    return {"routed_rows": routed, "header_rows": header, "sent_rows": sent,
+            "overflow_rows": np.maximum(c - cap, 0).sum(axis=1), "routed_nbytes": routed * b, "sent_nbytes": sent * b}
+
+
+def padding_factor(sent_nbytes: float, routed_nbytes: float) -> float | None:
+    """Bytes sent per routed byte (1 = nothing but the routed rows); None with nothing routed."""
+    return float(sent_nbytes) / float(routed_nbytes) if routed_nbytes > 0 else None
+
+
+def low_latency_fields(rows_per_rank_expert, capacity: int, row_nbytes: int, stage: str,
+                       split_sizes: bool = True) -> dict:
+    """A low-latency row's byte fields (docs/results.md): routed_nbytes, sent_nbytes and
+    padding_factor of the rank that sends the most (the one the exchange waits for),
+    count_nbytes (the count headers inside its sent_nbytes), overflow_rows (all ranks) and
+    `exchange`, what the exchange is made of."""
+    r = low_latency_rows(rows_per_rank_expert, capacity, row_nbytes, stage, split_sizes)
+    i = int(np.argmax(r["sent_nbytes"]))
+    routed, sent = int(r["routed_nbytes"][i]), int(r["sent_nbytes"][i])
+    return {"routed_nbytes": routed, "sent_nbytes": sent, "padding_factor": padding_factor(sent, routed),
+            "count_nbytes": int(r["header_rows"][i]) * int(row_nbytes), "overflow_rows": int(r["overflow_rows"].sum()),
+            "exchange": EXCHANGE_SPLIT if split_sizes else EXCHANGE_SLOT_TABLE}

@@ -20,11 +20,12 @@ from commbench.analyse.compare import (
     split_only,
     summary,
 )
+from commbench.analyse.host_moved import host_context
 from commbench.core.errors import UsageError
 from commbench.core.units import fmt_size
 from commbench.report import terminal
 from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, size_cells, table
-from commbench.store.load import load_side, refuse_duplicates
+from commbench.store.load import load_side, names_for, refuse_duplicates
 from commbench.store.results import load_meta
 
 
@@ -53,8 +54,9 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
     if not len(matched) or single == len(matched):
         return (f"compare: {counts} -- {ONE_RUN_CAVEAT}" if len(matched) else f"compare: {counts}",
                 (f"{thr}ratio = new p50 / base p50; +- is the ~95 % interval of the p50 inside one run, which does "
-                 f"not see how much a point moves from run to run; a change counts when it passes the threshold "
-                 f"and the intervals do not overlap; {REPEAT_HINT}"))
+                 f"not see how much a point moves from run to run; a change counts when it passes the threshold, "
+                 f"the intervals do not overlap and it is beyond what the host's state can explain (one run each: "
+                 f"2x); {REPEAT_HINT}"))
     runs = f"{_runs_text(matched['base_runs'])} base vs {_runs_text(matched['new_runs'])} new runs"
     title = f"compare over {runs}: {counts}"
     if single:
@@ -63,16 +65,29 @@ def headline(df, threshold_pct: float | None = None) -> tuple[str, str]:
                     f"interval from a t-test on the runs' log p50s, the spread between runs pooled over "
                     f"neighbouring sizes; a change counts when it passes the threshold and survives "
                     f"Benjamini-Hochberg at {FDR_Q:.0%} over all points (q-value), so identical code is called "
-                    f"changed anywhere in a sweep at most {FDR_Q:.0%} of the time"))
+                    f"changed anywhere in a sweep at most {FDR_Q:.0%} of the time, and is beyond what the host's "
+                    f"state can explain (runs in blocks, the control, disturbed rows)"))
+
+
+def _why_one(caveat: str, explained_by: str) -> str:
+    """The one reason a point is counted under: the timing methods the sides measured by
+    (different methods measure different things), a repeat guard, or the largest of the host's
+    factors (host_moved: its label, "disturbed", "the host moved", "not interleaved", ...)."""
+    if caveat.startswith("timing "):
+        return caveat
+    if "repeats within a run spread" in caveat or "a speed the host takes" in caveat:
+        return "the repeats' own spread"
+    first = explained_by.split("; ")[0].rsplit(" ", 1)[0] if explained_by and explained_by != "nan" else ""
+    return {"the host moved": "the host moved (control)"}.get(first, first or "the host")
 
 
 def _cannot_judge_why(matched) -> str:
-    """Why the points that cannot be judged cannot: the timing methods the sides measured by
-    (different methods measure different things), or the host."""
-    cav = list(matched.loc[matched["verdict"] == "cannot judge", "caveat"].astype(str))
-    why = {}
-    for c in cav:
-        w = c if c.startswith("timing ") else "a row disturbed or oversubscribed"
+    """Why the points that cannot be judged cannot, counted by reason (_why_one)."""
+    bad = matched[matched["verdict"] == "cannot judge"]
+    by = bad["explained_by"].astype(str) if "explained_by" in bad else [""] * len(bad)
+    why: dict = {}
+    for c, e in zip(bad["caveat"].astype(str), by):
+        w = _why_one(c, e)
         why[w] = why.get(w, 0) + 1
     return why.popitem()[0] if len(why) == 1 else ", ".join(f"{n} {w}" for w, n in why.items())
 
@@ -183,10 +198,12 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
                   else escape(verdict))
     if len(shown) or not len(matched):
         print_table(console, t, wide)
-    else:
+    else:  # every point judged "not significant": none was left unjudged (shown holds those)
         console.print(f"{title}: no point changed by more than the threshold and its interval")
         if s["one run per side"]:
             console.print(REPEAT_HINT)
+    for line in df.attrs.get("host", []):  # the runs' order and the control, for every point
+        console.print(escape(f"host: {line}"), soft_wrap=True, highlight=False)
     if len(only_df):
         o = table(f"points on one side only ({s['only in base']} base, {s['only in new']} new)", "", plain)
         for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
@@ -213,17 +230,29 @@ def _f(v) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
+def side_metas(paths) -> dict:
+    """{run name: meta.json} of one side's paths, each named as store.load.load_side names its
+    rows (the directory's name; the path as given where two of the side share it)."""
+    names = [names_for([p])[0] for p in paths]
+    return {(str(p) if names.count(x) > 1 else x): load_meta(Path(p).parent if Path(p).name == "rows.jsonl" else p)
+            for p, x in zip(paths, names)}
+
+
 def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
-                  all_points: bool = True, csv_out=None, wide: bool | None = None) -> int:
+                  all_points: bool = True, csv_out=None, wide: bool | None = None,
+                  allow_inconclusive: bool = False) -> int:
     """`commbench compare`: load both sides (a run directory or a list of repeated runs
-    each), print, optionally write the frame as CSV; returns the exit status (exit_status).
-    No point matched on both sides (a side without rows, mpi against gloo): UsageError."""
+    each), print, optionally write the frame as CSV; returns the exit status (exit_status:
+    with fail_on_regression 0, 1 slower or a failed check, 3 inconclusive unless
+    allow_inconclusive). No point matched on both sides (a side without rows, mpi against
+    gloo): UsageError (exit 2). The runs' meta.json tell when they ran and their controls
+    (host_moved.host_context)."""
     base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
     new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
     sides = [load_side(base, "base"), load_side(new, "new")]
     for side in sides:
         refuse_duplicates(side)
-    df = compare_runs(*sides, threshold_pct)
+    df = compare_runs(*sides, threshold_pct, host=host_context(side_metas(base), side_metas(new)))
     matched, _ = split_only(df)
     if matched.empty:  # a gate that compared nothing must not pass
         raise UsageError(f"nothing was compared: {nothing_in_common(*sides)}")
@@ -235,7 +264,11 @@ def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: boo
     print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
     if csv_out:
         df.to_csv(csv_out, index=False)
-    return exit_status(df, fail_on_regression, failed_runs)
+    status = exit_status(df, fail_on_regression, failed_runs, allow_inconclusive)
+    if status == 3:
+        console.print(f"inconclusive: {summary(df)['cannot judge']} point(s) could not be judged and none is "
+                      f"slower: exit 3 (--allow-inconclusive passes the gate on this)", highlight=False)
+    return status
 
 
 def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:

@@ -28,6 +28,7 @@ from commbench.report.sections import (  # noqa: F401
 )
 from commbench.report.terminal import skipped_variants
 from commbench.report.viewkit import Section
+from commbench.report.warnings_view import warnings_section
 from commbench.store.load import load, names_for
 from commbench.store.results import load_meta
 
@@ -222,6 +223,9 @@ def write_report(paths, out_dir, profile=None, title: str = "commbench report") 
     if "inswitch_speedup" in figures:
         sections.append(Section("In-switch vs ring", "", figures=[figures["inswitch_speedup"]]))
     sections += variant_sections(df, skipped_variants(metas.values()))
+    warned = warnings_section(df)
+    if warned is not None:  # each flagged row with its warning in full: the terminal tallies them
+        sections.append(warned)
     if notes:
         sections.insert(0, Section("Notes", "; ".join(notes)))
     summary = summary_section(sections, check_findings(df))

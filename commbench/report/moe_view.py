@@ -1,33 +1,29 @@
-"""How moe rows are shown: the terminal table, the report section, the figures against
-tokens and against routing skew, and weak scaling in tokens per second per rank. Called
+"""How moe rows are shown: the terminal table, the report section (the figures against
+tokens, skew and by sub-stage are moe_figures.py's), and weak scaling in tokens per second
+per rank. Called
 through report/views.py for the MoE benchmark; its shape in words and scaling measure are
 the benchmark's own (benchmarks/moe/)."""
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 from commbench.analyse.verdicts import cannot_judge, excluded_note, trusted_mask
 from commbench.benchmarks.base import for_rows
 from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)
 from commbench.core.schema import has
+from commbench.report.moe_sent import PADDING_SHOWN, SENT_NOTE, bytes_as_sent, mb_cell, padding_cell, sent_words
 from commbench.report.viewkit import (
     ALWAYS,
     COMPACT,
     WIDE,
-    FigureInfo,
     Finding,
     Section,
     add_column,
     fmt,
-    int_log2_axis,
     judge_ceiling,
-    labeler,
-    new_figure,
     num,
     params_order,
-    save_figure,
     table,
     text,
     varying_params,
@@ -91,7 +87,8 @@ def judge_stages(rs: list[dict]) -> str:
     dec = [(r, d) for r, d in dec if d is not None]
     if not dec:
         pcts = [r.get("pct_of_ceiling") for r in rs if has(r.get("pct_of_ceiling"))]
-        return judge_ceiling(max(pcts) if pcts else None) + " (no per-stage times in the rows)"
+        doubt = next((r.get("ceiling_doubt") for r in rs if has(r.get("ceiling_doubt"))), None)
+        return judge_ceiling(max(pcts) if pcts else None, doubt) + " (no per-stage times in the rows)"
     names = list(dict.fromkeys(n for _, d in dec for n in d[0]))
     shares = [d[1] for _, d in dec]
     share = f"{min(shares):.0f}%" if len(shares) == 1 or round(min(shares)) == round(max(shares)) else \
@@ -101,12 +98,18 @@ def judge_stages(rs: list[dict]) -> str:
     if any(n.startswith("a2a") for n in names) and not all(n.startswith("a2a") for n in names):
         out += "; the exchange and work outside it both set the time"
     elif all(n.startswith("a2a") for n in names):
-        pcts = [float(r["pct_of_ceiling"]) for r, _ in dec if has(r.get("pct_of_ceiling"))]
-        if pcts:
-            out += f"; the step runs at {fmt(max(pcts), 1)}% of the link's line rate at best"
+        judged = [r for r, _ in dec if has(r.get("pct_of_ceiling"))]
+        if judged:  # the ceiling named in the row's own unit, time: the per-tier bound at the line rate
+            top = max(judged, key=lambda r: float(r["pct_of_ceiling"]))
+            out += (f"; the step runs at {fmt(top['pct_of_ceiling'], 1)}% of the link's line rate at best (its "
+                    f"{fmt(top.get('time_bound_us'))} us time bound at the line rate / {fmt(top.get('time_us_p50'))} "
+                    f"us p50)")
+            out += "; the % counts the routed bytes to other ranks" if any(bytes_as_sent(r) for r, _ in dec) else ""
+            if has(top.get("ceiling_doubt")):
+                out += f"; cannot judge against the line rate: {top['ceiling_doubt']}"
     else:
         out += "; work outside the exchange, not the link, sets the time"
-    return out
+    return out + sent_words([r for r, _ in dec])
 
 
 def ordered(rows: list[dict]) -> list[dict]:
@@ -132,10 +135,13 @@ GBPS_NOTE = ("ours GB/s = the most loaded rank's bytes to other ranks / slowest-
 def terminal_table(rs: list[dict], plain: bool):
     """Dispatch and combine side by side: time, both GB/s, the per-tier split, tokens/s,
     the sub-stage that decides, the load."""
+    sent = [b for b in map(bytes_as_sent, rs) if b]
     t = table(f"moe dispatch/combine  [{rs[0]['backend']}/{rs[0]['device']}]",
               GBPS_NOTE + "; stages (us): p50 of each sub-stage, slowest rank; % line: per-tier time bound at the "
-              "profile's line rate / p50", plain)
+              "profile's line rate / p50" + (SENT_NOTE if sent else ""), plain)
     rs = ordered(rs)
+    # The padding by default where the exchange sends more than the routed rows; bytes with --wide.
+    pad_level = ALWAYS if any(b[2] > PADDING_SHOWN for b in sent) else WIDE
     show_run = len({r.get("run") for r in rs}) > 1
     vary = [k for k in varying_params(r.get("params") for r in rs) if k != "copies"]
     # The identity of a point, its time, both rates, the tier split and what decides always;
@@ -146,7 +152,9 @@ def terminal_table(rs: list[dict], plain: bool):
             ("p99 (us)", False, COMPACT, True), ("max (us)", False, WIDE, True),
             ("tokens/s", False, COMPACT, True), ("ours\n(GB/s)", False, ALWAYS, True),
             ("DeepEP\n(GB/s)", False, ALWAYS, True), ("scale-up\n(GB/s)", False, ALWAYS, True),
-            ("scale-out\n(GB/s)", False, ALWAYS, True), ("decided\nby", True, ALWAYS, True),
+            ("scale-out\n(GB/s)", False, ALWAYS, True), ("routed\n(MB)", False, WIDE, bool(sent)),
+            ("sent\n(MB)", False, WIDE, bool(sent)), ("sent/\nrouted", False, pad_level, bool(sent)),
+            ("decided\nby", True, ALWAYS, True),
             ("load\n(max/mean)", False, COMPACT, True), ("stages (us)", True, WIDE, True),
             ("outside\na2a (%)", False, WIDE, True), ("% line", False, COMPACT, True), ("check", True, ALWAYS, True)]
     cols = [c for c in cols if c[3]]
@@ -160,7 +168,8 @@ def terminal_table(rs: list[dict], plain: bool):
                 "p99 (us)": fmt(r["time_us_p99"], 1), "max (us)": fmt(r.get("time_us_max"), 1),
                 "tokens/s": fmt(tokens_per_s(r), 0), "ours\n(GB/s)": fmt(r.get("remote_gbps")),
                 "DeepEP\n(GB/s)": fmt(r.get("logical_gbps")), "scale-up\n(GB/s)": fmt(r.get("scaleup_gbps")),
-                "scale-out\n(GB/s)": fmt(r.get("scaleout_gbps")), "decided\nby": decided_cell(r),
+                "scale-out\n(GB/s)": fmt(r.get("scaleout_gbps")), "routed\n(MB)": mb_cell(r, 0),
+                "sent\n(MB)": mb_cell(r, 1), "sent/\nrouted": padding_cell(r), "decided\nby": decided_cell(r),
                 "load\n(max/mean)": hot, "stages (us)": stages, "outside\na2a (%)": fmt(r.get("outside_a2a_pct"), 0),
                 "% line": fmt(r.get("pct_of_ceiling"), 1), "check": text(r.get("check"))}
         t.add_row(*[cell[c[0]] for c in cols])
@@ -181,10 +190,11 @@ def section(m, figures: list) -> Section:
     multi_run = m["run"].nunique() > 1
     vary = varying_params(m["params"])
     ceil = "pct_of_ceiling" in m.columns and m["pct_of_ceiling"].astype(float).notna().any()
+    sent = any(bytes_as_sent(r) for r in rows_in)
     heads = (["run"] if multi_run else []) + ["world", "shape", "stage", "p50 (us)", "p99 (us)", "tokens/s",
-                                               "ours (GB/s)", "DeepEP (GB/s)", "scale-up (GB/s)", "scale-out (GB/s)",
-                                               "decided by", "load (max/mean)"] + (["% line"] if ceil else []) + \
-        ["check"]
+                                               "ours (GB/s)", "DeepEP (GB/s)", "scale-up (GB/s)", "scale-out (GB/s)"] + \
+        (["routed (MB)", "sent (MB)", "sent/routed"] if sent else []) + ["decided by", "load (max/mean)"] + \
+        (["% line"] if ceil else []) + ["check"]
     rows = []
     for r in rows_in:
         hot = r.get("hottest_rank")
@@ -193,13 +203,13 @@ def section(m, figures: list) -> Section:
         cells = ([text(r["run"])] if multi_run else []) + [
             str(r["world"]), shape(r.get("params") or {}, terminal=False, vary=vary), text(r.get("stage")),
             fmt(r["time_us_p50"], 1), fmt(r["time_us_p99"], 1), fmt(tokens_per_s(r), 0), fmt(r.get("remote_gbps")),
-            fmt(r.get("logical_gbps")), fmt(r.get("scaleup_gbps")), fmt(r.get("scaleout_gbps")), decided_cell(r),
-            load]
+            fmt(r.get("logical_gbps")), fmt(r.get("scaleup_gbps")), fmt(r.get("scaleout_gbps"))] + \
+            ([mb_cell(r, 0), mb_cell(r, 1), padding_cell(r)] if sent else []) + [decided_cell(r), load]
         if ceil:
             cells.append(fmt(r.get("pct_of_ceiling"), 1))
         cells.append(text(r.get("check")))
         rows.append(cells)
-    note = GBPS_NOTE
+    note = GBPS_NOTE + (SENT_NOTE if sent else "")
     if not [f for f in figures if f.name.endswith("_tokens") or f.name.endswith("_skew")]:
         note += f"; no tokens or skew figure: {no_figure_reason(_frame(m))}"
     return Section("MoE dispatch / combine", note, heads, rows, figures, findings=findings(m, vary),
@@ -266,7 +276,8 @@ LIST_POINTS = 4
 def _stage_value(rs: list[dict], vary) -> str:
     def one(r):
         return (f"{num(r['time_us_p50'])} us, {fmt(r.get('remote_gbps'))} GB/s ours / {fmt(r.get('logical_gbps'))} "
-                f"GB/s DeepEP, {num(tokens_per_s(r))} tokens/s, {decided_cell(r)}")
+                f"GB/s DeepEP, {num(tokens_per_s(r))} tokens/s, {decided_cell(r)}"
+                + (f", sends {padding_cell(r)} the routed bytes" if bytes_as_sent(r) else ""))
     if len(rs) == 1:
         return one(rs[0])
     if len(rs) <= LIST_POINTS:
@@ -280,12 +291,7 @@ def _stage_value(rs: list[dict], vary) -> str:
             + (f", {num(min(bw))} to {num(max(bw))} GB/s ours" if bw else ""))
 
 
-# ---------------------------------------------------------------------------------------
-# figures: p50 time, bandwidth and the hottest rank's load, against tokens and against skew
-
-_CAPTION = "p50 time, bandwidth (the hottest rank's remote bytes / p50) and the hottest rank's load"
-
-
+# What the MoE figures (moe_figures.py) and the report's no-figure reason read of the rows.
 def _frame(rows):
     m = rows.copy()
     p = m["params"]
@@ -298,170 +304,3 @@ def _frame(rows):
     m["bw"] = m["remote_gbps"].astype(float) if "remote_gbps" in m.columns else m["busbw_gbps"].astype(float)
     m["load"] = m["load_max_over_mean"].astype(float) if "load_max_over_mean" in m.columns else math.nan
     return m
-
-
-def _group(axes, col, grp, xcol, lab):
-    """One (run, world, shape) group: p50 time and bandwidth per stage (dispatch solid,
-    combine dashed) in one colour; the load once (it does not depend on the stage)."""
-    ax_t, ax_b, ax_l = (axes[r][col] for r in range(3))
-    series, color = [], None
-    for stage, s in sorted(grp.groupby("stage"), key=lambda kv: kv[0] != "dispatch"):
-        s = s.sort_values(xcol)
-        x = s[xcol].astype(float)
-        style = "--" if stage == "combine" else "-"
-        name = f"{lab} {stage}".strip()
-        (line,) = ax_t.plot(x, s["time_us_p50"].astype(float), marker="o", ms=3, ls=style, color=color, label=name)
-        color = line.get_color()
-        ax_b.plot(x, s["bw"], marker="o", ms=3, ls=style, color=color, label=name)
-        series.append(name)
-    first = grp[grp["stage"] == grp["stage"].iloc[0]].sort_values(xcol)
-    ax_l.plot(first[xcol].astype(float), first["load"], marker="s", ms=3, color=color, label=f"{lab} load".strip())
-    return series
-
-
-def _decorate(axes, col, xlabel, title):
-    ax_t, ax_b, ax_l = (axes[r][col] for r in range(3))
-    # p50 spans decades across skews and token counts (a hot rank can take 100x): log.
-    ax_t.set_yscale("log")
-    ax_t.set_ylabel("p50 time (us, log)")
-    ax_b.set_ylabel("remote GB/s (hottest rank)")
-    ax_l.set_ylabel("load max/mean (hottest rank)")
-    ax_l.axhline(1.0, color="0.6", lw=0.8)
-    ax_t.set_title(title)
-    for ax in (ax_t, ax_b, ax_l):
-        ax.grid(True, alpha=0.3)
-    ax_l.set_xlabel(xlabel)
-    ax_t.legend(fontsize=7, loc="best")
-
-
-def _skew_figure(m, out_dir: Path, name: str) -> FigureInfo | None:
-    fams = []
-    for routing, (pk, _, _, xlabel) in SKEW_AXES.items():
-        f = m[m["routing"] == routing]
-        if f[f"skew_{pk}"].dropna().nunique() >= 2:
-            fams.append((routing, pk, xlabel, f))
-    if not fams:
-        return None
-    fig, axes = new_figure(3, len(fams), w=5.2 * len(fams) + 1, h=9.0, sharex="col")
-    series = []
-    for col, (routing, pk, xlabel, f) in enumerate(fams):
-        f = f.copy()
-        f["shape"] = f["params"].map(lambda p, pk=pk: json.dumps({k: v for k, v in p.items() if k != pk},
-                                                                 sort_keys=True))
-        keys = ["run", "world", "shape"]
-        # The shape's varying params (copies, tokens, ...) in the label: one entry a line.
-        label = labeler(f.assign(params_key=f["shape"]), ["run", "world", "params_key"])
-        for key, grp in f.groupby(keys, sort=True):
-            r = dict(zip(keys, key))
-            r["params_key"] = r.pop("shape")
-            series += _group(axes, col, grp, f"skew_{pk}", label(r))
-        tokens = sorted({int(t) for t in f["tokens"].dropna()})
-        _decorate(axes, col, xlabel, f"moe {routing}: vs skew (T={','.join(map(str, tokens))})")
-    fig.suptitle("MoE dispatch (solid) / combine (dashed) vs routing skew")
-    return FigureInfo(f"{name}_skew", save_figure(fig, out_dir, f"{name}_skew"), "MoE vs skew",
-                      f"{_CAPTION} (max/mean rows received) per skew parameter", series)
-
-
-def _tokens_figure(m, out_dir: Path, name: str) -> FigureInfo | None:
-    keys = ["run", "world", "shape_nt"]
-    groups = [(k, s) for k, s in m.groupby(keys, sort=True) if s["tokens"].dropna().nunique() >= 2]
-    if not groups:
-        return None
-    fig, axes = new_figure(3, 1, w=8.0, h=9.0, sharex="col")
-    sub = m[m.set_index(keys).index.isin([k for k, _ in groups])]
-    label = labeler(sub.assign(params_key=sub["shape_nt"]), ["run", "world", "params_key"])
-    series, xs = [], set()
-    for key, grp in groups:
-        r = dict(zip(keys, key))
-        r["params_key"] = r.pop("shape_nt")
-        xs |= set(grp["tokens"].astype(float))
-        series += _group(axes, 0, grp, "tokens", label(r))
-    _decorate(axes, 0, "tokens per rank (log2)", "")
-    for r_ in range(3):
-        int_log2_axis(axes[r_][0], xs, "tokens per rank (log2)" if r_ == 2 else "")
-    fig.suptitle("MoE dispatch (solid) / combine (dashed) vs tokens")
-    return FigureInfo(f"{name}_tokens", save_figure(fig, out_dir, f"{name}_tokens"), "MoE vs tokens",
-                      f"{_CAPTION} per tokens-per-rank value", series)
-
-
-# One colour per sub-stage in every stage figure; the exchange in the strong ones.
-_STAGE_COLOURS = {"layout": "#9ecae1", "counts": "#c6dbef", "sync": "#fdd0a2", "pack": "#a1d99b", "a2a": "#d62728",
-                  "a2a_out": "#d62728", "a2a_in": "#ff7f0e", "forward": "#9467bd", "unpack": "#bcbddc",
-                  "reduce": "#1f77b4", "other": "#bbbbbb"}
-
-
-def stages_figure(rows, out_dir: Path, name: str) -> FigureInfo | None:
-    """<name>_stages: where the time goes. One panel per stage (dispatch, combine), one
-    horizontal bar per configuration and rank count, stacked by sub-stage (p50 of each,
-    slowest rank); what the sub-stages leave of p50 is grey ("other"), and each bar ends
-    with its p50 and what decides it. Drawn for every run with per-stage times."""
-    rs = [r for r in ordered(rows.to_dict("records")) if stage_times(r)]
-    if not rs:
-        return None
-    stages = sorted({text(r.get("stage")) for r in rs}, key=lambda s_: (s_ != "dispatch", s_))
-    vary = [k for k in varying_params(r.get("params") for r in rs) if k != "copies"]
-    multi_run = len({text(r.get("run")) for r in rs}) > 1
-    n_bars = max(sum(1 for r in rs if text(r.get("stage")) == st) for st in stages)
-    fig, axes = new_figure(1, len(stages), w=6.0 * len(stages) + 1, h=1.6 + 0.45 * n_bars)
-    series, seen = [], set()
-    for col, st in enumerate(stages):
-        ax = axes[0][col]
-        mine = [r for r in rs if text(r.get("stage")) == st]
-        labels, right = [], 0.0
-        for y, r in enumerate(mine):
-            p = r.get("params") or {}
-            labels.append(" ".join(x for x in ((text(r.get("run")) if multi_run else ""), f"n={r['world']}",
-                                               f"copies={p.get('copies')}" if p.get("copies") else "",
-                                               shape(p, terminal=False, vary=vary) if vary else "") if x))
-            left = 0.0
-            parts = stage_times(r)
-            rest = float(r["time_us_p50"]) - sum(v for _, v in parts)
-            if rest > 0:
-                parts = parts + [("other", rest)]
-            for k, v in parts:
-                ax.barh(y, v, left=left, color=_STAGE_COLOURS.get(k, "#999999"), edgecolor="white", lw=0.5,
-                        label=k if k not in seen else None)
-                seen.add(k)
-                left += v
-            # The step's own p50 as a tick: medians of the sub-stages need not add up to it.
-            p50 = float(r["time_us_p50"])
-            ax.plot([p50, p50], [y - 0.42, y + 0.42], color="black", lw=1.2, label="p50 of the step"
-                    if "p50" not in seen else None)
-            seen.add("p50")
-            ax.text(max(left, p50), y, f" p50 {num(p50)} us, {decided_cell(r)}", va="center", fontsize=7)
-            right = max(right, left, p50)
-            series.append(f"{labels[-1]} {st}")
-        ax.set_yticks(range(len(mine)))
-        ax.set_yticklabels(labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("time (us), p50 of each sub-stage, slowest rank")
-        ax.set_title(st)
-        ax.grid(True, axis="x", alpha=0.3)
-        ax.set_xlim(0, right * 1.55)
-    handles, names = [], []
-    for ax in axes[0]:
-        for h, n in zip(*ax.get_legend_handles_labels()):
-            if n not in names:
-                handles.append(h)
-                names.append(n)
-    order = sorted(range(len(names)), key=lambda i: (STAGE_ORDER + ("other", "p50 of the step")).index(names[i])
-                   if names[i] in STAGE_ORDER + ("other", "p50 of the step") else 99)
-    axes[0][-1].legend([handles[i] for i in order], [names[i] for i in order], fontsize=7, loc="upper left",
-                       bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="sub-stage", title_fontsize=7)
-    fig.suptitle("MoE: where the time goes (stacked sub-stages)")
-    return FigureInfo(f"{name}_stages", save_figure(fig, out_dir, f"{name}_stages"), "MoE stage breakdown",
-                      "p50 of each sub-stage of dispatch and combine (slowest rank), stacked, per configuration and "
-                      "rank count; grey: the part of p50 the sub-stages do not cover; black tick: the step's p50 (the "
-                      "sub-stages' medians need not add up to it); after each bar its p50 and the sub-stage(s) that "
-                      "decide it", series)
-
-
-def figures(rows, out_dir: Path, name: str) -> list[FigureInfo]:
-    """<name>_stages (every run with per-stage times), <name>_tokens (when a shape was
-    measured at several token counts) and <name>_skew (when a routing's skew parameter
-    took several values)."""
-    if rows.empty:
-        return []
-    m = _frame(rows)
-    return [f for f in (stages_figure(m, out_dir, name), _tokens_figure(m, out_dir, name),
-                        _skew_figure(m, out_dir, name)) if f is not None]

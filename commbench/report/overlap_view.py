@@ -8,6 +8,7 @@ from pathlib import Path
 from commbench.analyse.verdicts import cannot_judge, excluded_note, rests_on, trusted_mask
 from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
+from commbench.report.figflags import flag_caption, flag_entry, flags, plot_flagged
 from commbench.report.viewkit import (
     ALWAYS,
     COMPACT,
@@ -27,6 +28,7 @@ from commbench.report.viewkit import (
     text,
     varying_params,
 )
+from commbench.report.warnings_view import warning_cell
 
 
 def _us(v) -> str:
@@ -45,19 +47,22 @@ def terminal_table(rows: list[dict], plain: bool):
               "IMB % = 100 max(0, min(1, (t_comm + t_compute - t_overall) / max(t_comm, t_compute))); "
               "slowdown = compute time while communicating / alone; exposed = t_overall - t_compute. "
               "sequence: t_comm = sum over the buckets, size = one bucket", plain)
-    warn = any(has(r.get("warning")) for r in rows)
+    warn = any(warning_cell(r) for r in rows)
     # The point and its three times, OSU's overlap and the check always; the other
     # judgements while the table fits; the matmul's size and rates with --wide.
+    # Two-line headers: the times' columns are as narrow as their numbers (100 columns hold
+    # the point, its times and its warning).
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True), ("size (B)", False, ALWAYS, True),
-            ("mode", True, ALWAYS, True), ("polls/progress", True, COMPACT, True), ("gemm (n)", False, WIDE, True),
-            ("t_comm (us)", False, ALWAYS, True), ("t_compute (us)", False, ALWAYS, True),
-            ("t_overall (us)", False, ALWAYS, True), ("OSU (%)", False, ALWAYS, True),
+            ("mode", True, ALWAYS, True), ("polls/\nprogress", True, COMPACT, True), ("gemm (n)", False, WIDE, True),
+            ("t_comm\n(us)", False, ALWAYS, True), ("t_compute\n(us)", False, ALWAYS, True),
+            ("t_overall\n(us)", False, ALWAYS, True), ("OSU\n(%)", False, ALWAYS, True),
             ("IMB (%)", False, COMPACT, True), ("slowdown (x)", False, COMPACT, True),
             ("exposed (us)", False, COMPACT, True), ("GFLOP/s alone", False, WIDE, True),
             ("GFLOP/s overl.", False, WIDE, True), ("check", True, ALWAYS, True), ("warning", True, ALWAYS, warn)]
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
-        add_column(t, name, left, level, wrap=name == "warning")
+        # The point's own settings tell its rows apart: kept at any width while they differ.
+        add_column(t, name, left, level, wrap=name == "warning", key=name in ("mode", "polls/\nprogress"))
     for r in rows:
         mode = str(r.get("mode"))
         if mode == "sequence":
@@ -70,7 +75,9 @@ def terminal_table(rows: list[dict], plain: bool):
             fmt(r.get("overlap_osu_pct"), 0), fmt(r.get("overlap_imb_pct"), 0),
             fmt(r.get("compute_slowdown")), _us(r.get("exposed_us")),
             fmt(r.get("gflops_alone"), 1), fmt(r.get("gflops_overlapped"), 1), str(r.get("check"))]
-        cells += [text(r.get("warning"))] if warn else []
+        # What the row carries, by kind: the terminal ends with the tally, and --verbose or
+        # the report gives each warning in full.
+        cells += [warning_cell(r)] if warn else []
         t.add_row(*cells)
     return t
 
@@ -203,21 +210,22 @@ def figure(o, out_dir: Path, name: str) -> FigureInfo | None:
         lab = label(dict(zip(keys, key)))
         x = s["nbytes"].astype(float)
         color = None
+        bad = flags(s)  # a row that is not evidence (its % not comparable, a disturbed run): hollow
         for col, style, what in (("overlap_osu_pct", "-", "OSU"), ("overlap_imb_pct", "--", "IMB")):
             if has[col] and s[col].astype(float).notna().any():
-                (line,) = axes[0][0].plot(x, s[col].astype(float), ls=style, marker="o", ms=3, color=color,
-                                          label=f"{lab} overlap ({what})")
+                line = plot_flagged(axes[0][0], x, s[col].astype(float), bad, ls=style, marker="o", ms=3,
+                                    color=color, label=f"{lab} overlap ({what})")
                 color = line.get_color()
                 series.append(f"{lab} overlap ({what})")
         if nrows == 2 and s["compute_slowdown"].astype(float).notna().any():
-            axes[1][0].plot(x, s["compute_slowdown"].astype(float), marker="s", ms=3, color=color,
-                            label=f"{lab} compute slowdown")
+            plot_flagged(axes[1][0], x, s["compute_slowdown"].astype(float), bad, marker="s", ms=3, color=color,
+                         label=f"{lab} compute slowdown")
     axes[0][0].set_ylabel("communication hidden (%)")
     axes[0][0].set_ylim(-2, 102)
     axes[0][0].set_title("overlap of communication with compute vs bucket size")
     axes[0][0].grid(True, alpha=0.3)
     # Beside the axes: inside, a legend covers the large buckets' lines whatever corner it takes.
-    legend_beside(axes[0][0])
+    legend_beside(axes[0][0], extra=flag_entry(o))
     if nrows == 2:
         axes[1][0].set_ylabel("compute slowdown (x, with comm / alone)")
         axes[1][0].axhline(1.0, color="0.5", ls="--", lw=1)
@@ -228,4 +236,4 @@ def figure(o, out_dir: Path, name: str) -> FigureInfo | None:
     size_ticks(axes[-1][0], o["nbytes"].astype(float))
     return FigureInfo(name, save_figure(fig, out_dir, name), "overlap",
                       "solid, OSU: 100 - 100 (overall - compute) / pure comm; dashed, IMB-NBC: 100 (pure comm + "
-                      "compute - overall) / max(pure comm, compute)", series)
+                      "compute - overall) / max(pure comm, compute)" + flag_caption(o), series)

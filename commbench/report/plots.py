@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from commbench.analyse.analysis import collective_mask, largest_size, params_key, presenters, scaling_table
-from commbench.analyse.ceilings import is_inswitch
+from commbench.analyse.ceilings import ceiling_busbw, is_inswitch
 from commbench.core.safe_write import make_dir
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
 from commbench.report import views as view_hooks
 from commbench.report.terminal import own_metrics_caption
 
+from .figflags import flag_caption, flag_entry, flags, plot_flagged, with_flags
 from .viewkit import (
     FigureInfo,
     capturing,
@@ -46,7 +47,7 @@ def _prep(df):
     d["variant"] = d["variant"].replace("", "default")
     d["params"] = d["params"].map(params_dict) if "params" in d.columns else [{} for _ in range(len(d))]
     d["params_key"] = d["params"].map(params_key)
-    return d
+    return with_flags(d)  # which rows are not evidence: every figure draws them hollow
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,20 +97,30 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
         # squashes every size below the large ones onto zero. Zero (a size too small to
         # time) has no place on it.
         s = s[s["busbw_gbps"].astype(float) > 0]
-        ax.plot(s["nbytes"].astype(float), s["busbw_gbps"].astype(float), marker="o", ms=3, lw=1.5, label=lab)
+        if s.empty:  # all_reduce at world 1: busbw 0 at every size, nothing to draw on a log axis
+            continue
+        plot_flagged(ax, s["nbytes"], s["busbw_gbps"], flags(s), marker="o", ms=3, lw=1.5, label=lab)
         series.append(lab)
-        line = _ceiling_points(s, "ceiling_gbps")
+        # The ceiling in busbw, as the rows were judged by it: across nodes the busbw the NICs
+        # allow (8 NICs of 50 GB/s: 400 GB/s), not one NIC's rate under a curve that passes it.
+        recs = s.to_dict("records")
+        s = s.assign(_line=[ceiling_busbw(r) for r in recs], _ach=[ceiling_busbw(r, achieved=True) for r in recs])
+        line = _ceiling_points(s, "_line")
         if not line:
             continue
-        ach = _ceiling_points(s, "ceiling_achieved_gbps")
-        bott = text(s["bottleneck"].dropna().iloc[0]) if "bottleneck" in s.columns and s["bottleneck"].notna().any() \
-            else ""
-        ceilings.setdefault((line, ach, bott), set()).add(str(key[0]))
+        ach = _ceiling_points(s, "_ach")
+        basis = {text(b) for b in s["bound_basis"].dropna()} if "bound_basis" in s.columns else set()
+        bott = "; ".join(sorted(basis)) if basis else text(s["bottleneck"].dropna().iloc[0]) \
+            if "bottleneck" in s.columns and s["bottleneck"].notna().any() else ""
+        ceilings.setdefault((line, ach, bott, bool(basis)), set()).add(str(key[0]))
+    if not series:
+        return None
     runs = {str(key[0]) for key, _, _ in lines}
-    for (line, ach, bott), crun in ceilings.items():
+    for (line, ach, bott, bound), crun in ceilings.items():
         who = f"{', '.join(sorted(crun))}: " if len(runs) > 1 and len(ceilings) > 1 else ""
         same = ach == line
-        for pts, style, what, color in ((line, "--", "line rate" + (" = typical achieved" if same else ""), "0.3"),
+        rate = "busbw at line rate" if bound else "line rate"
+        for pts, style, what, color in ((line, "--", rate + (" = typical achieved" if same else ""), "0.3"),
                                         (None if same else ach, ":", "typical achieved", "0.5")):
             if not pts:
                 continue
@@ -128,11 +139,12 @@ def fig_busbw(d, bench: str, out_dir: Path) -> FigureInfo | None:
     ax.set_ylabel("busbw (GB/s, 1 GB = 1e9 B, log)")
     ax.set_title(f"{bench}: bus bandwidth vs message size")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    legend_beside(ax, extra=flag_entry(d[d["benchmark"] == bench]))
     path = save_figure(fig, out_dir, f"busbw_{bench}")
-    cap = ("busbw = algbw x F (p50 time), log scale; dashed: the profile's line rate, dotted: its typical achieved "
-           "rate")
-    return FigureInfo(f"busbw_{bench}", path, f"{bench} busbw", cap, series)
+    cap = ("busbw = algbw x F (p50 time), log scale; dashed: the busbw the profile's line rate allows (across "
+           "nodes, the NICs that carry the inter-node share), dotted: the same at its typical achieved rate")
+    return FigureInfo(f"busbw_{bench}", path, f"{bench} busbw", cap + flag_caption(d[d["benchmark"] == bench]),
+                      series)
 
 
 def fig_latency(d, bench: str, out_dir: Path) -> FigureInfo | None:
@@ -145,33 +157,37 @@ def fig_latency(d, bench: str, out_dir: Path) -> FigureInfo | None:
         x = s["nbytes"].astype(float).to_numpy()
         p50 = s["time_us_p50"].astype(float).to_numpy()
         p99 = s["time_us_p99"].astype(float).to_numpy() if "time_us_p99" in s.columns else p50
-        (line,) = ax.plot(x, p50, marker="o", ms=3, lw=1.5, label=f"{lab} p50")
-        ax.fill_between(x, p50, p99, color=line.get_color(), alpha=0.18, lw=0, label=f"{lab} p50..p99")
+        bad = flags(s)
+        line = plot_flagged(ax, x, p50, bad, marker="o", ms=3, lw=1.5, label=f"{lab} p50")
+        ax.fill_between(x[~bad], p50[~bad], p99[~bad], color=line.get_color(), alpha=0.18, lw=0,
+                        label=f"{lab} p50..p99")
         series.append(f"{lab} p50")
     size_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel("time per operation (us, log)")
     ax.set_title(f"{bench}: latency vs message size (p50, band to p99)")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    rows = d[d["benchmark"] == bench]
+    legend_beside(ax, extra=flag_entry(rows))
     path = save_figure(fig, out_dir, f"latency_{bench}")
     return FigureInfo(f"latency_{bench}", path, f"{bench} latency",
-                      "line: p50 of the slowest rank per iteration; band: p50 to p99", series)
+                      "line: p50 of the slowest rank per iteration; band: p50 to p99" + flag_caption(rows), series)
 
 
-def _save_against(fig, ax, ref: float, ylabel: str, title: str, out_dir: Path, name: str) -> Path:
-    """A ratio figure's finish: the dashed reference at `ref`, labels, grid, legend; written."""
+def _save_against(fig, ax, ref: float, ylabel: str, title: str, out_dir: Path, name: str, extra=()) -> Path:
+    """A ratio figure's finish: the dashed reference at `ref`, labels, grid, the legend
+    beside the axes (extra: its entries for what is drawn hollow); written."""
     ax.axhline(ref, color="0.5", ls="--", lw=1)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    legend_beside(ax, extra=extra)
     return save_figure(fig, out_dir, name)
 
 
 def fig_scaling(d, out_dir: Path) -> FigureInfo | None:
     try:
-        sc = scaling_table(d.drop(columns=["params_key"], errors="ignore"))
+        sc = scaling_table(d.drop(columns=["params_key", "_flag", "_why"], errors="ignore"))
     except Exception:  # noqa: BLE001 - a figure must not sink the report
         return None
     if sc.empty:
@@ -188,28 +204,41 @@ def fig_scaling(d, out_dir: Path) -> FigureInfo | None:
     for key, s in sel.groupby(gkeys, sort=True):
         lines.append((dict(zip(gkeys, key)), s.sort_values("world")))
     labels = _scaling_labels(sel, [r for r, _ in lines], views)
-    # A legend of many lines goes beside the axes, and the figure grows to hold it.
-    fig, axes = new_figure(w=8.0 + (3.5 if len(lines) > 6 else 0), h=max(4.8, 0.2 * len(lines) + 1.0))
+    # The legend goes beside the axes (save_figure widens the figure to hold it).
+    fig, axes = new_figure(w=8.0, h=4.8)
     ax = axes[0][0]
     series = []
+    bad = _scaling_flagged(d)
     for (r, s), lab in zip(lines, labels):
-        if views[r["benchmark"]].sized:
+        sized = views[r["benchmark"]].sized
+        if sized:
             lab += f" @{fmt_size(int(s['nbytes'].iloc[0]))}"
-        ax.plot(s["world"].astype(float), s["efficiency_pct"].astype(float), marker="o", ms=4, label=lab)
+        # A point rests on the rows at its world and at the base world: either flagged, it is.
+        marks = [any((text(x["run"]), x["benchmark"], int(w), int(x["nbytes"]) if sized else None) in bad
+                     for w in (x["world"], x["base_world"])) for x in s.to_dict("records")]
+        plot_flagged(ax, s["world"], s["efficiency_pct"], marks, marker="o", ms=4, label=lab)
         series.append(lab)
     int_log2_axis(ax, sel["world"], "ranks (log2)")
     ax.axhline(100.0, color="0.5", ls="--", lw=1)
     ax.set_ylabel("weak-scaling efficiency (% of the smallest world)")
     ax.set_title("scaling efficiency vs rank count (largest size per collective)")
     ax.grid(True, alpha=0.3)
-    if len(lines) > 6:
-        legend_beside(ax, fontsize=7)
-    else:
-        ax.legend(fontsize=8, loc="best")
+    flagged = d[d["_flag"]] if bad else d.iloc[:0]
+    legend_beside(ax, fontsize=7 if len(lines) > 6 else 8, extra=flag_entry(flagged))
     path = save_figure(fig, out_dir, "scaling")
     return FigureInfo("scaling", path, "scaling efficiency",
-                      "collectives: busbw at n / at the smallest n, at the largest size" + own_metrics_caption(sc),
-                      series)
+                      "collectives: busbw at n / at the smallest n, at the largest size" + own_metrics_caption(sc)
+                      + (flag_caption(flagged) if bad else ""), series)
+
+
+def _scaling_flagged(d) -> set:
+    """(run, benchmark, world, nbytes) of each flagged row, and (run, benchmark, world, None)
+    for any size (a benchmark whose scaling groups have no size: moe)."""
+    out = set()
+    for r in d[d["_flag"]].to_dict("records"):
+        key = (text(r["run"]), r["benchmark"], int(r["world"]))
+        out |= {key + (int(r.get("nbytes") or 0),), key + (None,)}
+    return out
 
 
 def _scaling_labels(sel, keys: list[dict], views) -> list[str]:
@@ -264,10 +293,13 @@ def fig_inswitch(d, out_dir: Path) -> FigureInfo | None:
     base = d[~flag & sized].copy()
     base["_pref"] = base["variant"].map(_is_baseline)
     base = base.dropna(subset=["_pref"]).sort_values("_pref").drop_duplicates(keys)
-    m = ins.merge(base[keys + ["time_us_p50", "variant"]], on=keys, suffixes=("", "_base"))
+    m = ins.merge(base[keys + ["time_us_p50", "variant", "_flag", "_why"]], on=keys, suffixes=("", "_base"))
     if m.empty:
         return None
     m["speedup"] = m["time_us_p50_base"].astype(float) / m["time_us_p50"].astype(float)
+    # A speedup rests on both rows: either flagged, so is the point.
+    m["_flag"] = m["_flag"].astype(bool) | m["_flag_base"].astype(bool)
+    m["_why"] = m["_why"].where(m["_why"] != "", m["_why_base"])
     fig, axes = new_figure()
     ax = axes[0][0]
     gk = ["run", "benchmark", "world", "variant", "variant_base", "dtype", "params_key", "stage"]
@@ -277,14 +309,16 @@ def fig_inswitch(d, out_dir: Path) -> FigureInfo | None:
         s = s.sort_values("nbytes")
         r = dict(zip(gk, key))
         lab = f"{label(r, always=('benchmark', 'variant'))} vs {r['variant_base']}"
-        ax.plot(s["nbytes"].astype(float), s["speedup"], marker="o", ms=3, label=lab)
+        plot_flagged(ax, s["nbytes"], s["speedup"], s["_flag"], marker="o", ms=3, label=lab)
         series.append(lab)
     size_axis(ax)
     path = _save_against(fig, ax, 1.0, "speedup (baseline p50 / in-switch p50)",
-                         "in-switch reduction vs ring: speedup by message size", out_dir, "inswitch_speedup")
+                         "in-switch reduction vs ring: speedup by message size", out_dir, "inswitch_speedup",
+                         flag_entry(m))
     return FigureInfo("inswitch_speedup", path, "in-switch speedup",
                       "p50 of the ring variant (else the default) / p50 of the in-switch variant, same run, "
-                      "collective, world and size; above 1: the switch is faster", series)
+                      "collective, world and size; above 1: the switch is faster"
+                      + flag_caption(m), series)
 
 
 def make_figures(df, out_dir, profile=None) -> dict[str, FigureInfo]:

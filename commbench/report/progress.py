@@ -94,12 +94,3 @@ def describe(point) -> str:
     what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
             f"{fmt_size(point.nbytes)} {point.dtype}")
     return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"
-
-
-def describe_row(row: dict) -> str:
-    """A row in a warning line: with its params, so rows of one size (overlap's modes, MoE's
-    routings) are told apart."""
-    extra = "".join(f" {k}={v}" for k, v in (row.get("params") or {}).items())
-    stage = f" {row['stage']}" if row.get("stage") else ""
-    return (f"{row['benchmark']}{stage} {fmt_size(int(row.get('nbytes') or 0))} {row.get('dtype')} "
-            f"world {row.get('world')}{extra}")

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
+from commbench.analyse.ceilings import CEILING_COLUMN_NOTE, WORLD_1_NOTE, ceiling_busbw, share_of_ceiling
 from commbench.analyse.verdicts import (
     CANNOT_JUDGE,
     cannot_judge,
@@ -158,11 +159,13 @@ def collective_section(bench: str, b, g, figs: list, multi_run: bool, floors: di
         cells += [size, fmt(r["time_us_p50"]), fmt(r["time_us_p99"]), fmt(r["algbw_gbps"], 3),
                   fmt(r["busbw_gbps"], 3)]
         if ceil:
-            cells += [fmt(r.get("ceiling_gbps"), 1), fmt(r.get("pct_of_ceiling"), 1)]
+            cells += [fmt(ceiling_busbw(r), 1), fmt(r.get("pct_of_ceiling"), 1)]
         cells.append(text(r.get("check")))
         rows.append(cells)
     caption = time_caption(g.to_dict("records")).replace("time = slowest rank", "p50/p99 of the slowest rank")
     note = f"{b.formula}; {caption}; GB = 1e9 B".lstrip("; ")
+    if ceil:
+        note += f"; {CEILING_COLUMN_NOTE}"
     if "source" in g.columns and g["source"].map(has).any():
         note += "; imported rows: p50 is the tool's mean time"
     return Section(bench, note, heads, rows, figs, findings=found)
@@ -196,20 +199,24 @@ def collective_findings(bench: str, g, multi_run: bool, floors: dict) -> list[Fi
     g["run"] = g["run"].map(text)
     varies = {k: k in g.columns and g[k].map(text).nunique() > 1 for k in ("variant", "placement", "dtype")}
     sized = g[g["nbytes"].astype(float) > 0]
-    if len(sized) and "busbw_gbps" in sized.columns:
-        bw = sized["busbw_gbps"].astype(float)
-        ok = trusted_mask(sized) & bw.notna()
+    one = sized[sized["world"].astype(int) == 1]  # nothing crosses a link: no peak, no bandwidth verdict
+    if len(one) and "busbw_gbps" in one.columns and len(one) == len(sized):
+        out.append(Finding(bench, "peak busbw", f"{num(one['busbw_gbps'].astype(float).max())} GB/s, the formula's "
+                           f"busbw at world 1", WORLD_1_NOTE))
+    linked = sized[sized["world"].astype(int) > 1]
+    if len(linked) and "busbw_gbps" in linked.columns:
+        bw = linked["busbw_gbps"].astype(float)
+        ok = trusted_mask(linked) & bw.notna()
         if bw.notna().any() and not ok.any():
-            out.append(Finding(bench, "peak busbw", f"{num(bw.max())} GB/s over {len(sized)} rows, not used",
-                               cannot_judge(sized, "the peak")))
+            out.append(Finding(bench, "peak busbw", f"{num(bw.max())} GB/s over {len(linked)} rows, not used",
+                               cannot_judge(linked, "the peak")))
         elif ok.any():  # never a row that carries a warning, ran disturbed or oversubscribed
-            r = sized.loc[bw[ok].idxmax()].to_dict()
-            pct = r.get("pct_of_ceiling")
-            line = r.get("ceiling_gbps")
+            r = linked.loc[bw[ok].idxmax()].to_dict()
+            share = share_of_ceiling(r)  # the ceiling named in busbw, as the row's own unit
             out.append(Finding(bench, "peak busbw", f"{num(bw[ok].max())} GB/s at {_bytes(r['nbytes'])}, "
-                               f"{_where(r, multi_run, varies)}"
-                               + (f" = {fmt(pct, 1)}% of the {num(line)} GB/s line rate" if has(pct) and has(line)
-                                  else "") + excluded_note(sized, ok), judge_ceiling(pct)))
+                               f"{_where(r, multi_run, varies)}" + (f" = {share}" if share else "")
+                               + excluded_note(linked, ok) + ("; world-1 rows left out" if len(one) else ""),
+                               judge_ceiling(r.get("pct_of_ceiling"), r.get("ceiling_doubt"))))
     lat = sized if len(sized) else g
     if len(lat):
         # Each world's smallest size (a blocked collective's smallest differs with n).
@@ -421,7 +428,9 @@ def variant_sections(df, skipped: dict) -> list[Section]:
     for c in comps:
         for n, best, at, cross, judged in c["verdicts"]:
             found.append(Finding("variants", f"{n} vs {c['baseline']} ({c['benchmark']} n={c['world']})",
-                                 f"best {best:.2f}x at {fmt_size(at)}" if best is not None else "no speedup claimed",
+                                 f"best {best:.2f}x at {fmt_size(at)}" if best is not None else
+                                 f"clearly slower at {len(c['claims'][n]['slower'])} size(s)"
+                                 if c["claims"].get(n, {}).get("slower") else "no speedup claimed",
                                  judged))
         out.append(Section(c["title"], c["caption"], c["headers"], c["rows"], level=3, bullets=c["lines"]))
     head = Section("Variants", "each variant a launch of its own; x = the baseline's p50 / the variant's",

@@ -6,7 +6,9 @@ import os
 import sys
 
 from commbench.analyse.analysis import largest_size, presenters
+from commbench.analyse.ceilings import WORLD_1_NOTE, ceiling_busbw
 from commbench.benchmarks.base import for_rows
+from commbench.core import hoststate
 from commbench.core.hoststate import host_line
 from commbench.core.schema import has, per_params
 from commbench.core.units import fmt_size
@@ -28,6 +30,7 @@ from commbench.report.viewkit import (
     table,
     text,
 )
+from commbench.report.warnings_view import say_warnings
 from commbench.store.load import load, names_for
 from commbench.store.results import load_meta
 
@@ -70,7 +73,18 @@ def make_console():
     from rich.console import Console
 
     tty = stdout_is_tty()
-    return Console(force_terminal=tty, no_color=not tty, width=240 if not tty else None, highlight=False)
+    return Console(force_terminal=tty, no_color=not tty, width=None if tty else pipe_width(), highlight=False)
+
+
+def pipe_width() -> int:
+    """The width of tables written to a file or a pipe, which has none: 240 columns, or
+    COLUMNS when it is set (`COLUMNS=100 commbench run ... > out.txt`: the tables as a
+    100-column terminal shows them)."""
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return 240
+    return cols if 40 <= cols <= 1000 else 240
 
 
 def print_tables(rows, console=None, wide: bool | None = None) -> None:
@@ -157,7 +171,9 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
               f"{note}; {time_caption(rs)}; GB = 1e9 B".lstrip("; ")
               + ("" if len(dtypes) > 1 else f"; dtype {dtypes[0]}")
               + (f"; sample = {sample}; host = host time to enqueue one operation" if show_host and sample else "")
-              + (f"; {_ceiling_caption(rs)}" if show_ceiling else ""), plain, nrows=len(rs))
+              + (f"; {_ceiling_caption(rs)}" if show_ceiling else "")
+              + (f"; {WORLD_1_NOTE} (busbw as the formula gives it, no % of line)"
+                 if any(int(r["world"]) == 1 for r in rs) else ""), plain, nrows=len(rs))
     cols = [("run", True, ALWAYS, show_run), ("world", False, ALWAYS, True),
             ("variant", True, ALWAYS, show_variant), ("placement", True, ALWAYS, show_place),
             ("dtype", True, ALWAYS if len(dtypes) > 1 else WIDE, True), ("params", True, ALWAYS, show_params),
@@ -185,7 +201,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
             "algbw (GB/s)": lambda r: fixed(r.get("algbw_gbps"), 3),
             "busbw (GB/s)": lambda r: fixed(r.get("busbw_gbps"), 3),
             "bound (us)": lambda r: fixed(r.get("time_bound_us"), 2),
-            "ceiling (GB/s)": lambda r: fixed(r.get("ceiling_gbps"), 1),
+            "ceiling (GB/s)": lambda r: fixed(ceiling_busbw(r), 1),
             "% line": lambda r: fixed(r.get("pct_of_ceiling"), 1),
             "% achieved": lambda r: fixed(r.get("pct_of_achieved"), 1), "check": lambda r: text(r.get("check"))}
     shown = [cell[name] for name, *_ in cols]
@@ -205,11 +221,18 @@ def _ceiling_caption(rs) -> str:
     out = f"profile {judged[0].get('profile')}; {', '.join(tiers)}"
     if lines:
         out += "; line rate " + ", ".join(f"{v:.4g}" for v in lines) + " GB/s"
+    bases = sorted({f"{float(x['bound_busbw_gbps']):.4g} GB/s busbw that {x['bound_basis']}" for x in judged
+                    if _has(x.get("bound_busbw_gbps")) and has(x.get("bound_basis"))})
     if compared:
-        out += (f"; % of the link's line and typical achieved rate, comparing {' / '.join(compared)}; "
+        # The ceiling in the rows' own unit, so a reader can check the %: busbw / the busbw the bound allows.
+        out += (f"; % line = busbw / the busbw the line rate allows ({'; '.join(bases) if bases else 'the rate itself'})"
+                f", and likewise of the typical achieved rate, comparing {' / '.join(compared)}; "
                 "bound = the time at the line rate")
     else:
         out += "; bound = the profile's latency floor"
+    doubts = sorted({str(x["ceiling_doubt"]) for x in judged if has(x.get("ceiling_doubt"))})
+    if doubts:  # a loopback probe that was disturbed or spread: the % is shown, no verdict rests on it
+        out += f"; no verdict on % line: {'; '.join(doubts)}"
     return out
 
 
@@ -237,8 +260,22 @@ def own_metrics_caption(sc) -> str:
     return "".join(f"; {b}: {METRIC_NAMES.get(m, m)} (its own per-rank rate)" for b, m in own)
 
 
-def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
-    """Scaling efficiency over rank counts, and the alpha-beta fit over sizes."""
+def no_scaling_reason(df, cores: int) -> str | None:
+    """Why a run has no weak-scaling table, when the reason is that it measured one rank
+    count (a 2-core host launches 2 ranks, and weak scaling compares at least two worlds);
+    None when it has several."""
+    worlds = sorted({int(w) for w in df["world"]}) if "world" in df.columns else []
+    if len(worlds) != 1:
+        return None
+    w = worlds[0]
+    return (f"no scaling table: the run has one rank count ({w}); weak scaling needs at least two worlds: "
+            f"--np {2 * w} on a host with {2 * w} cores (this one has {cores}), or a cluster")
+
+
+def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling: bool = False) -> None:
+    """Scaling efficiency over rank counts, and the alpha-beta fit over sizes.
+    say_no_scaling: a run that let the launch choose its worlds says why it has no
+    scaling table when it measured one."""
     import pandas as pd
 
     from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, scaling_table
@@ -250,6 +287,9 @@ def analysis_tables(rows, console=None, wide: bool | None = None) -> None:
     wide = _WIDE if wide is None else wide
     plain = not stdout_is_tty()
     sc = scaling_table(df)
+    why = no_scaling_reason(df, hoststate.cores()) if say_no_scaling and sc.empty else None
+    if why:
+        console.print(why, highlight=False, markup=False)
     if not sc.empty:
         rs = _scaling_rows(sc, wide)
         views = presenters(sc)
@@ -355,6 +395,7 @@ def report_runs(paths, profile=None) -> None:
     planted = planted_line(df)
     if planted:
         print(f"warning: {planted}", flush=True)
+    say_warnings(df, sys.stdout)
 
 
 def rejudge(df, paths, profile):

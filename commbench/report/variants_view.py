@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 
 from commbench.analyse.analysis import presenters
-from commbench.analyse.variants import crossover_nbytes, pick_baseline, wire_gbps
-from commbench.analyse.verdicts import (
-    CANNOT_JUDGE,
-    NO_CHANGE,
-    changes_algorithm,
-    faster_at_size,
-    median_row,
-    untrusted_reason,
+from commbench.analyse.variants import (
+    MIN_PAIRS,
+    judged_from,
+    pairing,
+    pick_baseline,
+    size_verdict,
+    usable_pairs,
+    wire_gbps,
 )
+from commbench.analyse.verdicts import CANNOT_JUDGE, NO_CHANGE, changes_algorithm, median_row, untrusted_reason
 from commbench.core.schema import has
 from commbench.core.units import fmt_size
 from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, fixed, size_cells, text
@@ -29,7 +30,9 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
     its variant), rows (text cells), lines (the verdict of each variant, text) and
     verdicts [(variant, best speedup, its size, crossover size, judgement)]: best, size and
     crossover None when the variant was not clearly faster at any size, or when neither it
-    nor the baseline changes this collective's algorithm ("no change expected")."""
+    nor the baseline changes this collective's algorithm ("no change expected"); claims
+    {variant: {"faster": sizes, "slower": sizes}}, the sizes it was judged clearly faster or
+    slower at. A verdict needs MIN_PAIRS interleaved repeats in fresh launches (_judge)."""
     if df.empty or "variant" not in df:
         return []
     df = df.copy()
@@ -80,7 +83,7 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                 cells += [f"{r['time_us_p50']:.2f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
                           f"{wire:.3f}", fixed(r.get("pct_of_ceiling"), 1), f"{x:.2f}" if x is not None else "-"]
             rows.append(cells)
-        lines, verdicts = [], []
+        lines, verdicts, claims = [], [], {}
         for n in here:
             if n == base or not speed[n]:
                 continue
@@ -96,44 +99,11 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                                                    f"default against {base}, not a speedup of {n})"))
                 verdicts.append((n, None, None, None, judged))
                 lines.append(head + judged)
+                claims[n] = {"faster": [], "slower": []}
                 continue
-            # A size counts only where both rows may be evidence and the variant is clearly
-            # faster, in every repeat when there are several (verdicts.faster_at_size).
-            wins, split, losses = [], 0, 0
-            for s_, x in speed[n]:
-                here_rows = g[g["nbytes"] == s_]
-                got = faster_at_size(here_rows[here_rows["variant"] == base].to_dict("records"),
-                                     here_rows[here_rows["variant"] == n].to_dict("records"))
-                if got:
-                    wins.append((s_, x))
-                split += got is None
-                losses += got is False
-            both = g[g["variant"].isin([n, base]) & g["nbytes"].isin([s_ for s_, _ in speed[n]])]
-            bad = sum(1 for r in both.to_dict("records") if untrusted_reason(r))
-            nrep = int(both.groupby(["variant", "nbytes"]).size().min())
-            rest = ((f"rests on {nrep} interleaved repeats of each, {len(xs)} sizes: a size counts when the variant "
-                     f"is clearly faster in every repeat (its p90 below the baseline's p50); at {split} size(s) the "
-                     f"spread was larger than the effect or a row was unusable") if nrep > 1 else
-                    (f"rests on one run of each, {len(xs)} sizes, the spread inside each run (p90 of the variant "
-                     f"below the baseline's p50); run-to-run noise not measured"))
-            rest += f"; {bad} row(s) not usable (warning, disturbed or oversubscribed)" if bad else ""
-            cross = crossover_nbytes([s_ for s_, _ in speed[n]], xs)
-            if not wins and losses == len(xs):
-                judged = f"not faster: slower at every size ({span}; {rest})"
-                verdicts.append((n, None, None, None, judged))
-                lines.append(head + judged)
-                continue
-            if not wins:
-                judged = f"{CANNOT_JUDGE} a speedup: at no size clearly faster ({span}; {rest})"
-                verdicts.append((n, None, None, None, judged))
-                lines.append(head + judged)
-                continue
-            best = max(wins, key=lambda p: p[1])
-            judged = (f"best {best[1]:.2f}x at {fmt_size(int(best[0]))}, clearly faster at {len(wins)} of {len(xs)} "
-                      f"sizes; " + (f"faster from {fmt_size(int(cross))} up" if cross is not None
-                                    else "never faster at the largest sizes") + f" ({rest})")
-            verdicts.append((n, best[1], int(best[0]), None if cross is None else int(cross), judged))
-            lines.append(head + judged)
+            verdict, claims[n] = _judge(g, base, n, speed[n], span)
+            verdicts.append((n, *verdict))
+            lines.append(head + verdict[-1])
         full = ["size (B)"] + [h if i % 6 == 0 else f"{here[i // 6]} {h}" for i, (h, _) in enumerate(cols[1:])]
         out.append({"headers": full,
                     "title": f"{bench} world {world} {k.get('dtype', '')}{(' ' + where) if where else ''}: "
@@ -142,8 +112,59 @@ def variant_comparisons(df, baseline: str | None = None) -> list[dict]:
                                "otherwise; % line = wire or busbw of the scale-up ceiling's line rate; x = speedup of "
                                "p50 over the baseline",
                     "benchmark": bench, "world": int(world), "baseline": base, "columns": cols, "rows": rows,
-                    "lines": lines, "verdicts": verdicts})
+                    "lines": lines, "verdicts": verdicts, "claims": claims})
     return out
+
+
+def _judge(g, base: str, n: str, speed: list, span: str) -> tuple[tuple, dict]:
+    """Variant n against the baseline over the sizes both ran: (best speedup, its size, the
+    size from which it is clearly faster, the line) and its claims {"faster": sizes,
+    "slower": sizes}. No "clearly" without MIN_PAIRS interleaved repeats in fresh launches
+    (variants.pairing); then a size counts where every pair agrees (variants.size_verdict)."""
+    sizes = [s_ for s_, _ in speed]
+    both = g[g["variant"].isin([n, base]) & g["nbytes"].isin(sizes)]
+    rows = {v: both[both["variant"] == v].to_dict("records") for v in (base, n)}
+    bad = sum(1 for r in rows[base] + rows[n] if untrusted_reason(r))
+    tail = f"; {span}" + (f"; {bad} row(s) not usable (warning, disturbed or oversubscribed)" if bad else "")
+    pairs, why, hint = pairing(rows[base], rows[n])
+    if why:
+        return (None, None, None, f"{CANNOT_JUDGE}: {why} ({hint}){tail}"), {"faster": [], "slower": []}
+    usable = [usable_pairs([r for r in rows[base] if r["nbytes"] == s_], [r for r in rows[n] if r["nbytes"] == s_],
+                           untrusted_reason) for s_ in sizes]
+    judged = [size_verdict(p) for p in usable]
+    wins = [(s_, x) for (s_, x), j in zip(speed, judged) if j is True]
+    losses = [(s_, x) for (s_, x), j in zip(speed, judged) if j is False]
+    thin = sum(len(p) < MIN_PAIRS for p in usable)
+    split = judged.count(None) - thin
+    basis = f"{pairs} interleaved repeats in fresh launches, every pair agrees"
+    tail += f"; at {split} size(s) the pairs disagree" if split else ""
+    tail += f"; at {thin} size(s) fewer than {MIN_PAIRS} pairs had both rows usable" if 0 < thin < len(sizes) else ""
+    tail += "; a pair agrees when one side's p90 is below the other's p50"
+    claims = {"faster": [int(s_) for s_, _ in wins], "slower": [int(s_) for s_, _ in losses]}
+
+    def at(ps):
+        return ", ".join(fmt_size(int(s_)) for s_, _ in ps)
+
+    if not wins and not losses:
+        why = (f"at no size {MIN_PAIRS} pairs with both rows usable" if thin == len(sizes) else
+               "at no size clearly faster or slower in every pair")
+        return (None, None, None, f"{CANNOT_JUDGE}: {why} ({pairs} interleaved repeats in fresh launches){tail}"), claims
+    parts = []
+    if wins:
+        best = max(wins, key=lambda p: p[1])
+        cross = judged_from(sizes, judged, True)
+        parts.append(f"clearly faster at {len(wins)} of {len(sizes)} sizes ({basis}: {at(wins)}); best {best[1]:.2f}x "
+                     f"at {fmt_size(int(best[0]))}; " + (f"faster from {fmt_size(int(cross))} up" if cross is not None
+                                                         else "not clearly faster at the largest size"))
+    if losses:
+        worst = min(losses, key=lambda p: p[1])
+        slow = judged_from(sizes, judged, False)
+        where_ = f": {at(losses)}" if wins else f" ({basis}: {at(losses)})"  # the basis said once a line
+        parts.append(f"clearly slower at {len(losses)} of {len(sizes)} sizes{where_}; at worst {worst[1]:.2f}x at "
+                     f"{fmt_size(int(worst[0]))}" + (f"; slower from {fmt_size(int(slow))} up" if slow is not None else ""))
+    if not wins:
+        return (None, None, None, "; ".join(parts) + tail), claims
+    return (best[1], int(best[0]), None if cross is None else int(cross), "; ".join(parts) + tail), claims
 
 
 def _env(g, variant: str) -> dict:

@@ -17,6 +17,16 @@ from pathlib import Path
 from commbench.core.safe_write import file_name, write_atomic
 from commbench.core.schema import has, params_dict  # noqa: F401 (has: the views read it from here too)
 from commbench.core.units import fmt_size
+from commbench.report.tables import (  # noqa: F401 (the table engine: the views import it from here)
+    ALWAYS,
+    COMPACT,
+    FAST_ROWS,
+    WIDE,
+    LongTable,
+    add_column,
+    print_table,
+    table,
+)
 
 DPI = 110
 
@@ -65,202 +75,12 @@ def num(v, sig: int = 4, most: int = 3) -> str:
     return f"{x:.{min(most, max(0, sig - 1 - math.floor(math.log10(abs(x)))))}f}"
 
 
-class _Column:
-    def __init__(self, header: str, justify: str):
-        self.header, self.justify, self._cells = header, justify, []
-
-
-class LongTable:
-    """A table of more than FAST_ROWS rows: the part of rich's Table that the report uses
-    (add_column, add_row, columns, title, caption), its cells kept as text and laid out by
-    print_table without rich (rich measures and renders every cell several times:
-    milliseconds a row, hours for a run of 300k imported rows)."""
-
-    def __init__(self, title: str, caption: str, plain: bool):
-        self.title, self.caption, self.ascii = title, caption, plain
-        self.columns: list[_Column] = []
-        self.levels: dict = {}
-        self.row_count = 0
-
-    def add_column(self, header: str, justify: str = "left", no_wrap: bool = True) -> None:
-        self.columns.append(_Column(header, justify))
-
-    def add_row(self, *cells) -> None:
-        for c, x in zip(self.columns, cells):
-            c._cells.append(x)
-        self.row_count += 1
-
-
 def records(df) -> list[dict]:
     """df.to_dict("records"), column by column: each column's values come out as Python's
     own (Series.tolist), not boxed one value at a time (seconds for 300k rows)."""
     names = list(df.columns)
     cols = [df[c].tolist() for c in names]
     return [dict(zip(names, vals)) for vals in zip(*cols)]
-
-
-def table(title: str, caption: str, plain: bool, nrows: int = 0):
-    """A rich Table in the report's style; plain: ASCII borders (a file or a pipe). Title
-    and caption are plain text: rich would take "[mpi/cpu]" for markup and drop it.
-    Columns added with add_column carry a level that print_table reads. nrows: the rows it
-    will hold; above FAST_ROWS, a LongTable."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    if nrows > FAST_ROWS:
-        return LongTable(title, caption, plain)
-    t = Table(title=escape(title), caption=escape(caption) if caption else None,
-              box=box.ASCII if plain else box.SIMPLE_HEAD)
-    t.levels = {}
-    return t
-
-
-# Column levels of a terminal table: ALWAYS columns are the point's identity and its headline
-# figures; COMPACT ones are shown by default while the table fits the console; WIDE ones
-# only with --wide (their values are in the caption, constant, or secondary).
-ALWAYS, COMPACT, WIDE = 0, 1, 2
-
-
-def add_column(t, header: str, left: bool = False, level: int = ALWAYS, wrap: bool = False,
-               in_caption: bool = False) -> None:
-    """A column of t. Only text made of words (a shape, a list of stages) may wrap: a
-    number or a header is never wrapped, and print_table never lets rich cut one.
-    in_caption: the caption already gives its one value (a dtype that never changes), so
-    leaving it out goes unsaid."""
-    t.add_column(header, justify="left" if left else "right", no_wrap=not wrap)
-    if not hasattr(t, "levels"):
-        t.levels = {}
-    t.levels[header] = level
-    if in_caption:
-        t.said = getattr(t, "said", set()) | {header}
-
-
-def _drop_column(t, header: str) -> None:
-    t.columns[:] = [c for c in t.columns if c.header != header]
-    if not isinstance(t, LongTable):
-        for i, c in enumerate(t.columns):
-            c._index = i
-
-
-def _cuts(t, width: int) -> bool:
-    """Would rich cut a cell of t (an ellipsis) on a console `width` wide? Rendered, not
-    estimated: rich's own layout decides which columns it squeezes."""
-    import io
-
-    from rich.console import Console
-
-    c = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, legacy_windows=False)
-    c.print(t)
-    return "\u2026" in c.file.getvalue()
-
-
-def print_table(console, t, wide: bool = False) -> list[str]:
-    """Print t on console without cutting a number or a header. wide: every column. Else
-    the WIDE columns are left out, then COMPACT ones from the last while rich would still
-    cut a cell at the console's width; the caption names what was left out. A table that
-    still does not fit is printed at its natural width (the terminal folds the long lines:
-    nothing is lost). Returns the headers left out."""
-    from rich.measure import Measurement
-    from rich.segment import Segments
-
-    if isinstance(t, LongTable):
-        return _print_long_table(console, t, wide)
-    levels = getattr(t, "levels", {})
-    hidden = []
-    if not wide:
-        for h, lv in levels.items():
-            if lv >= WIDE:
-                _drop_column(t, h)
-                hidden.append(h)
-        for h in reversed([h for h, lv in levels.items() if lv == COMPACT]):
-            if not _cuts(t, console.width):
-                break
-            _drop_column(t, h)
-            hidden.append(h)
-    _say_hidden(t, hidden)
-    natural = Measurement.get(console, console.options.update_width(100_000), t).maximum
-    fits = not _cuts(t, console.width)
-    width = min(natural, console.width) if fits else natural
-    # rich wraps a title or caption to the table's width: over a narrow table, a few words a
-    # line. One longer than the table goes above / below it at the console's width.
-    title = caption = None
-    if t.title and len(str(t.title)) > width:
-        title, t.title = t.title, None
-    if t.caption and len(str(t.caption)) > width:
-        caption, t.caption = t.caption, None
-    if title:
-        console.print(title, style="table.title")
-    if fits:
-        console.print(t)
-    else:
-        console.print(Segments(console.render(t, console.options.update_width(natural))), crop=False)
-    if caption:
-        console.print(caption, style="table.caption")
-    return hidden
-
-
-def _say_hidden(t, hidden: list[str]) -> None:
-    levels, said = getattr(t, "levels", {}), getattr(t, "said", set())
-    if any(h not in said for h in hidden):
-        shown = [h for h in levels if h in hidden and h not in said]
-        t.caption = (f"{t.caption}; " if t.caption else "") + f"not shown: {', '.join(shown)} (--wide shows them)"
-
-
-# Above this many rows a table is laid out here, not by rich: rich measures and renders every
-# cell several times (milliseconds a row), so a run of 300k imported rows would take hours.
-# The layout is rich's for tables whose cells do not wrap: each column as wide as its widest
-# cell, the same borders, the same columns left out, nothing cut.
-FAST_ROWS = 200
-
-
-def _print_long_table(console, t: LongTable, wide: bool) -> list[str]:
-    levels = getattr(t, "levels", {})
-    widths = {c.header: max([len(str(c.header))] + [len(str(x)) for x in c._cells]) for c in t.columns}
-    ascii_box = t.ascii
-
-    def total() -> int:
-        return sum(widths[c.header] + 2 for c in t.columns) + (len(t.columns) + 1 if ascii_box else 0)
-
-    hidden = []
-    if not wide:
-        for h, lv in levels.items():
-            if lv >= WIDE and h in widths:
-                _drop_column(t, h)
-                hidden.append(h)
-        for h in reversed([h for h, lv in levels.items() if lv == COMPACT and h in widths]):
-            if total() <= console.width:
-                break
-            _drop_column(t, h)
-            hidden.append(h)
-    _say_hidden(t, hidden)
-    cols = list(t.columns)
-    ws = [widths[c.header] for c in cols]
-
-    spec = [("{:<%d}" if c.justify == "left" else "{:>%d}") % w for c, w in zip(cols, ws)]
-    row_format = ("| " + " | ".join(spec) + " |\n") if ascii_box else (" " + "  ".join(spec) + " \n")
-
-    def line(cells) -> str:
-        return row_format.format(*map(str, cells))[:-1]
-
-    width = total()
-    out = []
-    if t.title:
-        s = t.title
-        out.append(s.center(width).rstrip() if len(s) <= width else s)
-    out.append(("+" + "-" * (width - 2) + "+") if ascii_box else "")
-    out.append(line([c.header for c in cols]))
-    out.append(("|" + "+".join("-" * (w + 2) for w in ws) + "|") if ascii_box else " " + "─" * (width - 2))
-    f = console.file
-    f.write("\n".join(x for x in out if x) + "\n")
-    f.writelines(row_format.format(*cells) for cells in zip(*(c._cells for c in cols)))
-    tail = [("+" + "-" * (width - 2) + "+")] if ascii_box else []
-    if t.caption:
-        s = t.caption
-        tail.append(s.center(width).rstrip() if len(s) <= width else textwrap.fill(s, max(console.width, width)))
-    f.write("\n".join(tail) + ("\n" if tail else ""))
-    f.flush()
-    return hidden
 
 
 @dataclass
@@ -288,8 +108,11 @@ class Section:
 # ---------------------------------------------------------------------------------------
 # judgements: one line a summary finding ends with
 
-def judge_ceiling(pct) -> str:
-    """A rate as a share of its link's line rate, in words."""
+def judge_ceiling(pct, doubt=None) -> str:
+    """A rate as a share of its link's line rate, in words; doubt: why the ceiling carries no
+    verdict (a loopback probe that was disturbed or spread too far)."""
+    if has(doubt):
+        return f"cannot judge against the line rate: {doubt}"
     if not has(pct) or fmt(pct) == "-":
         return "no ceiling to judge against (report --profile NAME sets one)"
     p = float(pct)
@@ -396,6 +219,7 @@ def save_figure(fig, out_dir: Path, name: str) -> Path:
 
     FigureCanvasAgg(fig)
     draw_literally(fig)
+    _room_for_legends(fig)
     path = Path(out_dir) / f"{file_name(name)}.png"
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=DPI)
@@ -430,12 +254,49 @@ def size_ticks(ax, sizes, most: int = 12) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def legend_beside(ax, fontsize: int = 8) -> None:
-    """The legend right of the plotting area, so it never hides a line (the constrained
-    layout narrows the axes to make room)."""
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+LEGEND_CHARS = 56  # the widest line of a legend entry beside the axes
+
+
+def legend_beside(ax, fontsize: int = 8, extra=(), handles=None, labels=None, whole_figure: bool = False,
+                  **kw) -> None:
+    """The legend right of the plotting area, so it never hides a line: the constrained
+    layout narrows the axes to make room, and save_figure widens the figure by the legend's
+    width, so the axes keep theirs and the legend lies inside the PNG. extra: (handle, label)
+    pairs shown only in the legend (what a hollow marker means); handles/labels: the
+    entries, when not the axes' own; whole_figure: right of every axes and of what is
+    written beyond them (a bar's annotation), as the figure's legend."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    handles, labels = list(handles) + [h for h, _ in extra], list(labels) + [lab for _, lab in extra]
+    # A long label (a ceiling and how it was probed) wraps: the figure widens by the legend.
+    labels = [textwrap.fill(str(lab), LEGEND_CHARS) for lab in labels]
+    if handles and whole_figure:
+        ax.figure.legend(handles, labels, fontsize=fontsize, loc="outside right upper", **kw).beside = True
+    elif handles:
+        leg = ax.legend(handles, labels, fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                        borderaxespad=0, **kw)
+        leg.beside = True
+
+
+def _room_for_legends(fig) -> None:
+    """Widen fig by the legends beside its axes (the widest of each column of axes), and
+    make it tall enough for the tallest: measured as drawn, so a long label never runs off
+    the PNG."""
+    legs = [(ax, ax.get_legend()) for ax in fig.axes if getattr(ax.get_legend(), "beside", False)]
+    legs += [(None, leg) for leg in fig.legends if getattr(leg, "beside", False)]
+    if not legs:
+        return
+    renderer = fig.canvas.get_renderer()
+    by_col: dict = {}
+    tallest = 0.0
+    for ax, leg in legs:
+        box = leg.get_window_extent(renderer)
+        spec = ax.get_subplotspec() if ax is not None else None
+        col = spec.colspan.start if spec is not None else -1
+        by_col[col] = max(by_col.get(col, 0.0), box.width / fig.dpi + 0.15)
+        tallest = max(tallest, box.height / fig.dpi)
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w + sum(by_col.values()), max(h, tallest + 1.2))
 
 
 def size_axis(ax, label="message size S (bytes, log2)"):

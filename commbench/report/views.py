@@ -7,7 +7,7 @@ from __future__ import annotations
 from commbench.benchmarks.base import Benchmark
 from commbench.benchmarks.moe import MoE
 from commbench.benchmarks.overlap import Overlap
-from commbench.report import moe_view, overlap_view
+from commbench.report import moe_figures, moe_view, overlap_view
 
 
 def _own(b, hook: str) -> bool:
@@ -28,7 +28,7 @@ def figures(b, rows, out_dir) -> list | None:
     if _own(b, "figures"):
         return b.figures(rows, out_dir)
     if isinstance(b, MoE):
-        return moe_view.figures(rows, out_dir, b.name)
+        return moe_figures.figures(rows, out_dir, b.name)
     if isinstance(b, Overlap):
         return [f for f in (overlap_view.figure(rows, out_dir, b.name),) if f is not None]
     return None

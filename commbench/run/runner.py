@@ -14,20 +14,22 @@ from commbench import backends
 from commbench.analyse import ceilings
 from commbench.analyse.ceilings import add_ceiling
 from commbench.analyse.profiles import default_profile_name
-from commbench.backends import mpi_timeloop, probe, rendezvous
+from commbench.backends import control, mpi_timeloop, probe, rendezvous
 from commbench.benchmarks import get
 from commbench.core import hoststate
 from commbench.core.errors import RunFailed, UsageError
 from commbench.core.schema import point_key
 from commbench.core.whoami import world_mismatch
-from commbench.report.progress import Progress, describe_row
+from commbench.report.progress import Progress
 from commbench.report.terminal import analysis_tables, print_tables
+from commbench.report.warnings_view import say_warnings
 from commbench.run import launch
 from commbench.run import suite as suite_mod
 from commbench.run.guard import Guard, teardown_bound
 from commbench.run.harness import Harness, repeat_suffix
 from commbench.run.plan import point_seconds
 from commbench.run.variants import lookup
+from commbench.store.controls import add_control
 from commbench.store.results import RunDir, RunLock, Status, base_meta, held_by_my_launcher, overall_status
 
 # The loopback probe's share of the watchdog's budget (memcpy and latency, at the start).
@@ -59,6 +61,9 @@ def resolve_profile(cfg, overrides: dict, comm, device: str, gpu_names: list[str
             prof = replace(prof, scaleup_link=f"{prof.scaleup_link}, line rate the median of {probe.PROBES} probes "
                                               f"(spread {m['memcpy_in_cache_spread_pct']:.0f} % in cache, "
                                               f"{m['memcpy_beyond_cache_spread_pct']:.0f} % beyond)")
+        # A probe that waited for a CPU or spread too far carries no verdict (ceilings.probe_doubt).
+        prof = replace(prof, scaleup_in_cache_doubt=ceilings.probe_doubt(m, "in_cache"),
+                       scaleup_doubt=ceilings.probe_doubt(m, "beyond_cache"))
     prof = ceilings.apply_overrides(prof, overrides or {})
     from dataclasses import asdict
 
@@ -108,8 +113,29 @@ def run(cfg: suite_mod.SuiteConfig, backend_name: str, device: str | None, out_d
         open_run(ctx, argv, ranks_per_node, profile_overrides, resume)
     except Exception as e:  # a run directory that cannot be written (a full disk), say
         fail(ctx, e, "opening the run", None)
+    record_control(ctx, "start")
     rows = sweep(ctx)
     return finish(ctx, rows)
+
+
+# The control measurement's share of the watchdog's budget (about 0.35 s of fixed work).
+CONTROL_BUDGET_S = 30.0
+
+
+def record_control(ctx: RunContext, when: str) -> None:
+    """The host's speed beside this launch (backends/control.py), measured by every rank
+    and recorded by rank 0 in meta.json's `controls` (store/controls.py): at the start,
+    after the ranks met and before the sweep; at the end, after the sweep and before the
+    run is marked. compare reads them to tell a moved host from a changed code."""
+    ctx.guard.arm(f"the control measurement ({when} of the launch)", CONTROL_BUDGET_S)
+    try:
+        unix_s = time.time()
+        entry = control.measure(ctx.world)
+        if ctx.is_root:
+            add_control(ctx.run_dir, {"launch": ctx.launch_id, "variant": ctx.variant.name,
+                                      "repeat": repeat_upto(ctx.repeat), "when": when, "unix_s": unix_s, **entry})
+    except BaseException as e:  # noqa: BLE001 (as the sweep: mark the run, keep its rows)
+        fail(ctx, e, f"the control measurement ({when})", None)
 
 
 def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
@@ -323,6 +349,7 @@ def sweep(ctx: RunContext) -> list[dict]:
                     if ctx.is_root:
                         for r in point_rows:
                             add_ceiling(r, ctx.profile, ctx.nodes)
+                            r["launch"] = ctx.launch_id  # repeats in fresh launches: told apart by it
                         ctx.run_dir.append_point(point_rows)
                         rows.extend(point_rows)
                         progress.update(point, point_rows)
@@ -340,6 +367,7 @@ def sweep(ctx: RunContext) -> list[dict]:
 def finish(ctx: RunContext, rows: list[dict]) -> int:
     """Mark the run, print its tables (rank 0), and close the backend. Exit status 1 when a
     point failed its data check on any rank."""
+    record_control(ctx, "end")
     ctx.guard.arm("finishing", TABLES_BUDGET_S)
     failed = [r for r in rows if r["check"] == "fail"]
     rd = ctx.run_dir
@@ -376,10 +404,9 @@ def finish(ctx: RunContext, rows: list[dict]) -> int:
         ctx.guard.on_fatal = on_late_fatal
 
         print_tables(rows)
-        analysis_tables(rows)
-        for r in rows:
-            if r.get("warning"):
-                print(f"warning: {describe_row(r)}: {r['warning']}", file=sys.stderr, flush=True)
+        # Worlds the launch chose (none named): a run of one says why it has no scaling table.
+        analysis_tables(rows, say_no_scaling=ctx.cfg.worlds is None)
+        say_warnings(rows)
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {why}", file=sys.stderr, flush=True)

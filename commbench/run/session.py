@@ -11,7 +11,8 @@ from pathlib import Path
 
 from commbench import backends
 from commbench.analyse.ceilings import resolve_profile_spec
-from commbench.backends.gpus import check_gpu_path
+from commbench.backends.gpus import check_gpu_path, visible_gpus
+from commbench.core import hoststate
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg
 from commbench.run import launch, plant, runner
@@ -70,6 +71,12 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     device = args.device or ("cuda" if backend == "nccl" else "cpu")
+    auto_np = ""  # said first when no --np and no launcher chose the local ranks
+    if args.np is None and not args.list_variants:
+        np_, auto_np = default_local_ranks(launch.detect().launcher, device)
+        if np_ is not None:
+            args.np = np_
+            launch.check_local_ranks(args.np)
     suite_mod.check_backend(cfg, backend, device)
     check_gpu_path(backend, device, args.np, args.cuda_aware_mpi)
     resolve_profile_spec(cfg.profile, overrides_p)
@@ -127,6 +134,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     source = suite_mod.suite_source(suite_name) if suite_name else None
     if args.dry_run:
         if info.rank == 0:
+            if auto_np:
+                print(auto_np, flush=True)
             plan_mod.print_plan(cfg, plan, world, backend, source)
         return 0
     check_out_dir(args.out or "results")  # before any rank starts: a rank cannot say it alone
@@ -139,6 +148,8 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         ok, why = backends.availability(backend)
         if not ok:
             raise UsageError(f"backend {backend} is not available here: {why}")
+        if auto_np:
+            print(auto_np, flush=True)
         plan_mod.say_start(cfg, points, args.np, backend, source)
         out = args.out or str(new_run_dir(cfg.name))
         child = strip_np(argv) + ["--out", out] if not args.out else strip_np(argv)
@@ -161,6 +172,27 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     name = vplan.names[0]
     return runner.run(cfg, backend, args.device, out, argv, args.ranks_per_node, overrides_p,
                       variant=name, join=join or name != "default", repeat=args.repeat)
+
+
+def default_local_ranks(launcher: str, device: str, cores: int | None = None, gpus: int | None = None,
+                        most: int | None = None) -> tuple[int | None, str]:
+    """`run` without --np: (None, '') under a launcher (this process is one of its ranks);
+    else the ranks to start here and the line that says so. One rank alone measures nothing
+    crossing a link (a broadcast "busbw" of 100,000 GB/s), so: one per core, at least 2, on
+    CPU, as the make targets do; one per visible GPU on a GPU host (a one-GPU host runs world
+    1 and says so). cores, gpus, most (this host's local-rank limit): asked when not given."""
+    if launcher != "none":
+        return None, ""
+    said = "no --np and no launcher:"
+    if device == "cuda":
+        n = max(1, visible_gpus() if gpus is None else gpus)
+        if n == 1:
+            return 1, f"{said} one visible GPU, so world 1: nothing crosses a link (busbw is the formula's, unjudged)"
+        return n, f"{said} starting {n} local ranks, one per visible GPU"
+    cores = hoststate.cores() if cores is None else cores
+    most = launch.local_rank_limit()[0] if most is None else most
+    n = max(2, min(cores, most))
+    return n, f"{said} starting {n} local ranks, one per core" + (" (at least 2)" if cores < 2 else "")
 
 
 def strip_np(argv: list[str]) -> list[str]:

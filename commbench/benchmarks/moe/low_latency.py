@@ -1,6 +1,7 @@
 """The moe benchmark's low-latency mode (mode=low_latency, DeepEP's decode kernels): the
-device engine of backends/moe/torch_low_latency.py driven stage by stage, its byte
-accounting (padded bytes beside useful ones) and its checks against the host's regenerated routing."""
+device engine of backends/moe/torch_low_latency.py driven stage by stage, its bytes as sent
+(routed bytes, sent bytes and their ratio, moe/accounting.py) and its checks against the
+host's regenerated routing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench import moe as M
+from commbench.moe.accounting import low_latency_fields
 
 from .host import EnginePath
 
@@ -22,21 +24,16 @@ class LowLatencyBufs:
 
 class LowLatencyPath(EnginePath):
     name = "torch"
-    dispatch_stages = ("layout", "pack", "a2a")
+    dispatch_stages = ("layout", "pack", "a2a", "unpack")
     combine_stages = ("pack", "a2a", "reduce")
     # No step reads the device on the host: on a GPU each is timed behind a stream hold.
     hold = True
 
-
     def setup(self, comm, plan) -> LowLatencyBufs:
         p = plan.point.params
-        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["hidden"], p["dispatch_dtype"], p["capacity"])
+        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["hidden"], p["dispatch_dtype"], p["capacity"],
+                               self._per_source_expert(plan))
         return LowLatencyBufs(plan, st, self, self.engine.method)
-
-
-
-
-
 
     def _per_source_expert(self, plan) -> np.ndarray:
         """(world, local) rows each source routes to each of this rank's experts."""
@@ -45,31 +42,22 @@ class LowLatencyPath(EnginePath):
         return np.array([plan.source_layout(s).tokens_per_expert[me * local:(me + 1) * local] for s in range(world)],
                         dtype=np.int64)
 
-    def stage_info(self, acc: dict, stage: str) -> dict:
-        return dict(self._info)
-
     def accounting(self, plan, rank, node_of_rank, row_nbytes) -> dict:
-        """Per tier, the useful rows (the flat all_to_all's); the padded figures, what this
-        emulation's one all_to_all really carries, go beside them (stage_info)."""
-        acc = super().accounting(plan, rank, node_of_rank, row_nbytes)
-        cap = plan.point.params["capacity"] or plan.point.params["tokens"]
-        rows = M.low_latency_rows(plan.layout.tokens_per_expert, self._per_source_expert(plan), cap)
+        """Per tier, the routed rows (the flat all_to_all's); what the exchange sends, from
+        every rank's regenerated routing, goes beside them (stage_info)."""
         world = plan.matrix.shape[0]
-        # Each region also carries one header row (its count).
-        header = plan.point.params["experts"]
-        self._info = {"capacity": cap, "overflow_rows": rows["overflow_rows"],
-                      "padded_sent_nbytes": (rows["padded_sent_rows"] + header) * row_nbytes,
-                      "padded_recv_nbytes": (rows["padded_recv_rows"] + header) * row_nbytes,
-                      "useful_sent_nbytes": rows["useful_sent_rows"] * row_nbytes,
-                      "useful_recv_nbytes": rows["useful_recv_rows"] * row_nbytes,
-                      "padded_over_useful": ((rows["padded_recv_rows"] + header) / rows["useful_recv_rows"]
-                                             if rows["useful_recv_rows"] else float("inf")),
-                      "padding_note": f"every (source, expert) region holds {cap} slots and a header row, "
-                                      f"{world} sources x {header // world} local experts"}
-        return acc
+        self._rows = (np.array([plan.source_layout(s).tokens_per_expert for s in range(world)], dtype=np.int64),
+                      plan.point.params["capacity"] or plan.point.params["tokens"], row_nbytes)
+        return super().accounting(plan, rank, node_of_rank, row_nbytes)
+
+    def stage_info(self, acc: dict, stage: str) -> dict:
+        counts, cap, rb = self._rows
+        return {"capacity": cap, **low_latency_fields(counts, cap, rb, stage, self.engine.split_sizes)}
 
     def row_info(self, b) -> dict:
-        return {"cpu_threads": b.state.cpu_threads, "mode_note": "no count exchange, no host sync"}
+        return {"cpu_threads": b.state.cpu_threads,
+                "mode_note": "no count exchange before the rows, no host sync: split sizes from the point's routing, "
+                             "known at setup (an all_to_all needs them up front, DeepEP's one-sided puts do not)"}
 
     def check(self, comm, b) -> bool:
         """Counts in every region's header, the right rows in the first slots of each
