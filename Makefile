@@ -135,13 +135,23 @@ ROUNDS ?= 20
 ab-gate: install
 	$(PY) tools/ab_gate.py --rounds $(ROUNDS) --out results/ab-gate $(ARGS)
 
+# The tests in TEST_JOBS processes (pytest-xdist; TEST_JOBS=0: in this one), then the few that
+# measure time alone (`serial`), the long forms of cases aside: under 12 minutes on 2 cores.
+# (pytest exits 5 where ARGS selects none of a part.)
+TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not serial" $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -m "serial and not slow" $(ARGS) || [ $$? -eq 5 ]
 
-# The unit tests alone (no test that starts ranks): under 2 minutes on 2 cores.
-.PHONY: test-fast
+# The unit tests alone (no test that starts processes): under 1 minute on 2 cores.
+.PHONY: test-fast test-slow
 test-fast: install
-	$(PY) -m pytest -q -m "not multirank and not slow" $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not multirank and not slow and not serial" $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -m "serial and not multirank and not slow" $(ARGS) || [ $$? -eq 5 ]
+
+# The long forms of cases `make test` runs in a short form (the `slow` marker): minutes each.
+test-slow: install
+	$(PY) -m pytest -q -m slow $(ARGS)
 
 # Two hosts on this machine (network namespaces, root only; tools/twohosts.py): 2 and 4 ranks
 # across them on mpi and gloo, checks on, each run's hosts and nodes; then the alpha-beta fit

@@ -5,13 +5,14 @@ import argparse
 import os
 import sys
 
-from commbench.analyse.ceilings import resolve_profile_spec
+from commbench.commands.ceilings import ceilings_command
+from commbench.commands.model import model_command
+from commbench.commands.run import run_command
 from commbench.core.errors import RunFailed, UsageError
-from commbench.report.model_view import ceilings_command, model_command
+from commbench.moe.shape import DEEPSEEK_V3
+from commbench.report import viewsettings
 from commbench.report.styles import STYLES
-from commbench.run.session import run_command
 from commbench.run.suite import TIMING_METHODS, key_help
-from commbench.store.results import check_out_dir
 
 from .backends import BACKENDS
 
@@ -96,9 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--variant", help="run one variant in this launch (under mpirun/srun/torchrun); with --out of "
                    "an existing run of the suite, its rows join that run")
     r.add_argument("--list-variants", action="store_true", help="print the suite's variant names and exit")
-    # The suite file `run --np`'s launcher resolved, handed to its ranks: they read that file,
-    # not the name again (what a name finds can change once the launcher made --out).
-    r.add_argument("--suite-file", help=argparse.SUPPRESS)
     r.add_argument("--dry-run", action="store_true",
                    help="list the points, memory per rank and a rough time, without communicating")
     r.add_argument("--wide", action="store_true", help="tables with every column (default: a compact set that "
@@ -187,13 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to project (default moe: DeepSeek-V3 dispatch and combine)")
     _profile_args(m, many=True, default="gb300-nvl72,h100-hgx")
     m.add_argument("--worlds", type=_int_list, help="rank counts (default 8,16,...,1024)")
-    m.add_argument("--sizes", help="message sizes for collectives (default 1M,64M,1G)")
+    m.add_argument("--sizes", help="message sizes for collectives: MIN:MAX[:FACTOR] or A,B,C with K/M/G binary "
+                   "suffixes, as run --sizes (default 1M,64M,1G)")
     m.add_argument("--algos", type=_csv, help="all_reduce: ring, tree, recursive_doubling, rabenseifner, inswitch, hierarchical")
     m.add_argument("--rate", choices=("achieved", "line"), default="achieved",
                    help="build the fabric from the typical achieved rates (default) or the line rates (a lower bound)")
     m.add_argument("--calibrate", metavar="RUN_DIR",
                    help="take the scale-up alpha and B from an alpha-beta fit of a measured run's all_to_all")
-    for k, d in (("tokens", 4096), ("hidden", 7168), ("experts", 256), ("topk", 8), ("max-groups", 4)):
+    for k, d in (("tokens", DEEPSEEK_V3.tokens), ("hidden", DEEPSEEK_V3.hidden), ("experts", DEEPSEEK_V3.experts),
+                 ("topk", DEEPSEEK_V3.topk), ("max-groups", DEEPSEEK_V3.max_groups)):
         m.add_argument(f"--{k}", type=int, help=f"moe shape (default {d}, DeepSeek-V3)")
     m.add_argument("--against", nargs="?", const="", metavar="FILE",
                    help="hold the model against a table of published figures (default: the shipped "
@@ -296,7 +296,7 @@ class _DroppingStdout:
             return len(text)
 
     def writelines(self, lines):
-        # Through write: the file's own writelines (a long table's rows, viewkit) would
+        # Through write: the file's own writelines (a long table's rows, report/tables.py) would
         # raise the reader's leaving past this wrapper.
         for line in lines:
             self.write(line)
@@ -341,62 +341,27 @@ def main(argv: list[str] | None = None) -> int:
     everywhere = next((a for a in argv if not a.startswith("-")), None) != "run"
     try:
         args = build_parser().parse_args(argv)
-        if getattr(args, "wide", False):
-            from commbench.report.terminal import set_wide
-
-            set_wide(True)
-        if getattr(args, "verbose", False):
-            from commbench.report.warnings_view import set_verbose
-
-            set_verbose(True)
-        if getattr(args, "style", None):
-            from commbench.report.terminal import set_style
-
-            set_style(args.style)
+        # How tables and warnings are shown, passed to what prints them (a rank of `run`
+        # reads the same flags from its argv: viewsettings.from_argv).
+        view = viewsettings.from_flags(args)
         if args.cmd == "run":
             return run_command(args, argv, profile_overrides(args))
         if args.cmd == "list":
             return cmd_list()
         if args.cmd == "report":
-            from commbench.report.terminal import report_runs
+            from commbench.commands.report import report_command
 
-            names = _csv(args.profile) if args.profile else []
-            if len(names) > 1:
-                raise UsageError("report takes one --profile")
-            profile = resolve_profile_spec(names[0] if names else None, profile_overrides(args))
-            report_runs(args.runs, profile)
-            if args.out:
-                from commbench.report.html import write_report
-
-                check_out_dir(args.out, "report --out")
-                try:
-                    res = write_report(args.runs, args.out, profile)
-                except OSError as e:  # a full disk: the tables above are out; the files are not
-                    raise UsageError(f"report --out {args.out}: cannot write the report: {_os_error_line(e)}") \
-                        from e
-                print(f"report: {res['markdown']} and {res['html']} ({len(res['figures'])} figures)")
-                for note in res["notes"]:
-                    print(f"note: {note}")
-            return 0
+            return report_command(args.runs, _csv(args.profile) if args.profile else [], profile_overrides(args),
+                                  args.out, view)
         if args.cmd == "compare":
-            from commbench.report.compare_view import compare_paths, split_sides
+            from commbench.commands.compare import compare_command
 
-            base, new = split_sides(args.runs, args.base, args.new, argv)
-            if args.csv is not None and os.path.isdir(args.csv):
-                raise UsageError(f"--csv {args.csv}: is a directory (give a file name)")
-            try:
-                return compare_paths(base, new, args.threshold, args.fail_on_regression,
-                                     all_points=args.all, csv_out=args.csv,
-                                     allow_inconclusive=args.allow_inconclusive)
-            except OSError as e:
-                # Exit 2, not 1: a regression gate reads 1 as "slower".
-                if args.csv is not None and e.filename in (None, args.csv):
-                    raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror or e}") from e
-                raise
+            return compare_command(args, argv, view)
         if args.cmd == "ab":
+            from commbench.commands.compare import compare_paths
             from commbench.run.ab import ab_command
 
-            return ab_command(args, argv, lambda words: build_parser().parse_args(["run", *words]))
+            return ab_command(args, argv, lambda words: build_parser().parse_args(["run", *words]), compare_paths)
         if args.cmd == "import":
             from commbench.store.importers import import_to_run
 
@@ -415,13 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "model":
             return model_command(args, lambda default: _profiles(args, default))
     except UsageError as e:
-        from commbench.run.launch import say_once
+        from commbench.run.contract import say_once
 
         _debug_trace(e)
         say_once(f"commbench: error: {e}", everywhere=everywhere)
         return e.exit_status
     except OSError as e:  # a file the user named or a place the user chose: one line naming it
-        from commbench.run.launch import say_once
+        from commbench.run.contract import say_once
 
         _debug_trace(e)
         say_once(f"commbench: error: {_os_error_line(e)}", everywhere=everywhere)

@@ -1,8 +1,10 @@
-"""Shared helpers: run the real CLI in a subprocess, as a user would."""
+"""Shared helpers: run the real CLI in a subprocess, as a user would; find a fixture; read a run
+as commbench reads it; make a row at the current schema."""
 from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every file a test reads as input: nccl-tests and OSU outputs, real-outputs/ (outputs as people
+# posted them, each one's source in real-outputs/SOURCES.tsv), suite files.
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def fixture_path(name: str) -> Path:
+    """tests/fixtures/NAME; a name that is not there fails at once, not as an odd import later."""
+    p = FIXTURES / name
+    if not p.exists():
+        raise FileNotFoundError(f"no fixture {name!r} in {FIXTURES}")
+    return p
 
 
 def run_cli(*args, timeout=300, env=None, cwd=None):
@@ -23,6 +36,36 @@ def run_cli(*args, timeout=300, env=None, cwd=None):
 
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py not installed")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+
+
+def _store():
+    """The store's reader of runs (RunDir, read_rows_checked): the one place tests import it from."""
+    from commbench.store import results
+
+    return results
+
+
+def run_dir(path):
+    """The run at path as a RunDir, the store's own reader and writer."""
+    return _store().RunDir(path)
+
+
+def run_meta(path) -> dict:
+    """meta.json of the run at path, read as commbench reads it; it must be there."""
+    rd = run_dir(path)
+    assert rd.meta_path.is_file(), f"no meta.json in {path}"
+    return rd.read_meta()
+
+
+def run_rows(path) -> list[dict]:
+    """The rows of the run at path, read as commbench reads them (migrated to the current
+    schema). Every line must be a row: whatever way a run ends, it leaves no torn line."""
+    rd = run_dir(path)
+    if not rd.rows_path.is_file():
+        return []
+    rows, bad = _store().read_rows_checked(rd.rows_path)
+    assert not bad, f"{rd.rows_path}: lines {bad} are not rows"
+    return rows
 
 
 def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0.0, backend="mpi", device="cpu",
@@ -54,35 +97,70 @@ def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0
     return row
 
 
-# What makes a test slow on 2 cores is starting processes (ranks, launchers, the CLI): a test
-# whose body or fixtures do so is marked `multirank`, and `make test-fast` leaves those out.
-_SPAWNS = ("run_cli(", "subprocess.", "Popen(", "mpirun", "spawn_local(", "_run_ranks(", "torchrun")
+# --- multirank: a test that starts processes says so ------------------------------------------
+# What makes a test slow on 2 cores is starting processes: ranks, a launcher, the CLI, another
+# Python. A test that does carries the `multirank` marker (@pytest.mark.multirank, or its
+# module's pytestmark; a test using a fixture made with @starts_processes gets it from there),
+# and `make test-fast` leaves it out. The marker cannot be forgotten: while a test runs (its
+# fixtures too), starting Python, commbench or a launcher without it fails the test, naming
+# the command. Tools that return at once (git, make -n, mpicc, mount) need no marker.
+_LAUNCHERS = ("python", "commbench", "mpirun", "mpiexec", "orterun", "prterun", "torchrun", "srun")
+_running: list = []  # the test whose setup, call or teardown runs now
 
 
-def _spawns(func, seen=None) -> bool:
-    """Whether func, or a function of its module that it calls (followed down), starts processes."""
-    import inspect
+def starts_processes(fixture_func):
+    """For a fixture that starts processes: every test that uses it is `multirank`."""
+    fixture_func._starts_processes = True
+    return fixture_func
 
-    seen = set() if seen is None else seen
-    if func in seen or not inspect.isfunction(func):
-        return False
-    seen.add(func)
-    try:
-        src = inspect.getsource(func)
-    except (OSError, TypeError):
-        return False
-    if any(s in src for s in _SPAWNS):
-        return True
-    glb = func.__globals__
-    return any(_spawns(glb[n], seen) for n in func.__code__.co_names
-               if inspect.isfunction(glb.get(n)) and glb[n].__module__ in (func.__module__, "conftest"))
+
+def _program_started(argv) -> str | None:
+    """The command line where it starts Python, commbench or a launcher (also behind env,
+    ip netns exec, unshare, sh -c ...), else None."""
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        argv = os.fsdecode(argv)
+        try:
+            words = shlex.split(argv)
+        except ValueError:  # a shell line shlex cannot split (an open quote): its words as written
+            words = argv.split()
+    else:
+        words = [os.fsdecode(w) for w in argv or ()]
+    for word in words:
+        for token in (t.strip("'\"") for t in word.split()):
+            if os.path.basename(token).startswith(_LAUNCHERS) or token == sys.executable:
+                return " ".join(words)[:200]
+    return None
+
+
+def _refuse_unmarked_process(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen" or not _running or _running[-1].get_closest_marker("multirank"):
+        return
+    started = _program_started(args[1])
+    if started:
+        pytest.fail(f"{_running[-1].nodeid} starts a process without @pytest.mark.multirank: {started}",
+                    pytrace=False)
+
+
+def pytest_configure(config):
+    sys.addaudithook(_refuse_unmarked_process)
+    # A pytest-xdist worker runs with COLUMNS=80 where pytest alone has none; the CLI's tables
+    # would then wrap at 80 in one and not the other. Every test sees the width of a pipe.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        funcs = [getattr(item, "function", None)]
         info = getattr(item, "_fixtureinfo", None)
-        for defs in (info.name2fixturedefs.values() if info else ()):
-            funcs += [d.func for d in defs]
-        if any(f is not None and _spawns(f) for f in funcs):
+        defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]
+        if any(getattr(d.func, "_starts_processes", False) for d in defs):
             item.add_marker(pytest.mark.multirank)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()

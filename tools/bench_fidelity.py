@@ -120,7 +120,7 @@ def bare_mpi4py(comm, op: str, method: str, nbytes: int, iters: int, warmup: int
 
 def commbench_row(cb, op: str, method: str, nbytes: int, min_time_ms: float) -> dict:
     from commbench.benchmarks import Point, get
-    from commbench.run.harness import Harness
+    from commbench.run.point_harness import Harness
     from commbench.run.suite import build_config
 
     bench = get(op)

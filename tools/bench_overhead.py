@@ -27,7 +27,7 @@ def main():
 
     from commbench.backends.mpi import MpiComm
     from commbench.benchmarks import Point, get
-    from commbench.run.harness import Harness
+    from commbench.run.point_harness import Harness
     from commbench.run.suite import build_config
 
     comm = MPI.COMM_WORLD

@@ -17,7 +17,7 @@ wide (COLUMNS=100) and results in a temporary directory, cuts the table whose ti
 with the example's `title` out of what it printed, and replaces what stands between the
 markers of every page that has them. --print shows the blocks instead of writing them.
 
-tests/test_docs.py checks that the headers of every stored example are headers the table
+tests/house/test_docs.py checks that the headers of every stored example are headers the table
 code prints now: after a column is renamed, this script brings the examples back in line.
 """
 from __future__ import annotations

@@ -186,9 +186,11 @@ def summary(scenario: str, recs: list[dict], pct: float) -> tuple[str, bool]:
         bad = sum(bool(r["slower"]) for r in recs)
         return f"interleaved same code: any slower in {bad} of {n} trials (target 0); exit statuses {exits}", bad == 0
     if scenario == "planted":
-        hit = sum(r["exit"] == 1 for r in recs)
+        # The gate failed because it found a planted point, not because compare could not run.
+        hit = sum(r["exit"] == 1 and bool(r["planted_found"]) for r in recs)
         found = sum(len(r["planted_found"]) for r in recs)
-        return (f"planted {pct:g} % on {len(PLANTED)} points, interleaved: exit 1 in {hit} of {n} trials (target "
+        return (f"planted {pct:g} % on {len(PLANTED)} points, interleaved: exit 1 with a planted point found in "
+                f"{hit} of {n} trials (target "
                 f"at least {n - 2 * n // 20}); planted points found {found} of {len(PLANTED) * n}; others flagged "
                 f"{sum(len(r['others']) for r in recs)}", hit >= n - 2 * n // 20)
     bad = sum(c > 0 for c in changed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from commbench.benchmarks import Benchmark, registry
+from commbench.benchmarks.base import domain_sizes
 from commbench.core.errors import UsageError
 from commbench.core.hoststate import STEAL_PCT, WAIT_PCT
 
@@ -27,6 +28,7 @@ from .profiles import (  # noqa: F401
     loopback_profile,
     parse_profile_text,
     parse_rate_gbps,
+    profile_from_fields,
     profiles_table_rows,
     scaleup_rates_for,
 )
@@ -212,7 +214,7 @@ def _bound_basis(profile: Profile, compared_as: str, on_nic: bool, line: float, 
     link = _nic_name(profile) if on_nic else profile.scaleup_link
     if compared_as.startswith("wire"):
         return f"the {line:.4g} GB/s line rate of {link} allows in the switch (wire rate = algbw (n+1)/n)"
-    g_min, g_max = bench.domain_sizes(domains)
+    g_min, g_max = domain_sizes(domains)
     n_domains = len(set(domains))
     where = "nodes" if len(set(nodes)) == n_domains else "scale-up domains"
     shape = f"{n_domains} {where} x {g_max}" if g_min == g_max else f"{n_domains} {where} of {g_min} to {g_max} ranks"

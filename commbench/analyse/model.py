@@ -31,6 +31,7 @@ from commbench.analyse.fabric import (  # noqa: F401
 from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.moe import accounting
+from commbench.moe.shape import DEEPSEEK_V3
 
 ASSUMPTIONS: list[str] = [
     "alpha-beta (Hockney) model: each step costs alpha + bytes/B; no congestion, "
@@ -239,10 +240,11 @@ def all_to_all_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
 # ------------------------------------------------------------------ MoE
 
 def moe_scenario_defaults() -> dict:
-    """DeepSeek-V3's MoE layer (moe-deepseek-v3.md): 4096 tokens per rank, H 7168,
-    FP8 dispatch rows (H + H/32 = 7392 bytes), 256 experts, top-8, at most 4 nodes."""
-    return {"tokens": 4096, "hidden": 7168, "token_nbytes": accounting.token_bytes(7168, "fp8"),
-            "experts": 256, "topk": 8, "M": 4}
+    """DeepSeek-V3's MoE layer (moe/shape.py): tokens per rank, H, FP8 dispatch rows
+    (H + H/32 = 7392 bytes), experts, top-K, and M, the nodes a token may reach."""
+    s = DEEPSEEK_V3
+    return {"tokens": s.tokens, "hidden": s.hidden, "token_nbytes": accounting.token_bytes(s.hidden, s.dispatch_dtype),
+            "experts": s.experts, "topk": s.topk, "M": s.max_groups}
 
 
 def moe_nvl_efficiency(G: int, terms: Terms) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 from commbench.core.errors import UsageError
 from commbench.core.user_files import read_user_text
 from commbench.moe import accounting
+from commbench.moe.shape import DEEPSEEK_V3
 
 from . import model as M
 from .profiles import load_profile
@@ -33,7 +34,8 @@ ALGORITHMS = {"all_reduce": ("nccl-default", "ring", "tree", "nvls"),
 _KIND_MEASURES = {"all_reduce": ("busbw_GBps", "time_us"), "moe": ("time_us", "deepep_nvl_GBps", "deepep_rdma_GBps")}
 _NVLS_ALGO = {"nvls": "inswitch"}
 # DeepSeek-V3 / DeepEP test shape unless a row says otherwise
-MOE_DEFAULTS = {"hidden": 7168, "experts": 256, "topk": 8, "groups": 4}
+MOE_DEFAULTS = {"hidden": DEEPSEEK_V3.hidden, "experts": DEEPSEEK_V3.experts, "topk": DEEPSEEK_V3.topk,
+                "groups": DEEPSEEK_V3.max_groups}
 _REQUIRED = ("id", "group", "use", "source", "hardware", "profile", "kind", "algorithm", "world", "measure",
              "published")
 _OPTIONAL = ("note", "nbytes", "tokens", "stage", *MOE_DEFAULTS)

@@ -236,7 +236,7 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
             v = v * (1 << 20)
         terms[field] = v if v is not None or kind != "str" else ""
 
-    return Profile(
+    return profile_from_fields(dict(
         **terms,
         name=name, description=description, measured=measured,
         scaleup_link=_get(up, "link", "scaleup.", where, "str", True),
@@ -246,7 +246,32 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
         scaleup_node_gpus=_get(up, "node_gpus", "scaleup.", where, "int", False),
         scaleup_latency_us=_get(up, "latency_us", "scaleup.", where, "number", need),
         hbm_gbps=hbm_gbps, notes=notes, source_path=where, **out_fields,
-    )
+    ), where)
+
+
+# A field's annotation -> what a saved value of it may be (bool is no number here).
+_FIELD_KINDS = {"str": (str,), "bool": (bool,), "float | None": (int, float, type(None)),
+                "int | None": (int, type(None)), "str | None": (str, type(None))}
+
+
+def profile_from_fields(fields: dict, where: str = "profile") -> Profile:
+    """A Profile from its fields as saved (dataclasses.asdict: meta.json's `ceilings`, a run's
+    spec): the one way back from a dict. A name it lacks, a field it does not know or a value
+    of the wrong kind is refused in one line; a field it lacks takes its default (a run saved
+    before that field existed)."""
+    if not isinstance(fields, dict):
+        raise UsageError(f"{where}: a profile's fields must be a table, got {type(fields).__name__}")
+    known = Profile.__dataclass_fields__
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise UsageError(f"{where}: unknown profile field {unknown[0]!r}")
+    if not fields.get("name") or not isinstance(fields["name"], str):
+        raise UsageError(f"{where}: a profile's fields lack its name")
+    for k, v in fields.items():
+        kinds = _FIELD_KINDS[str(known[k].type)]
+        if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            raise UsageError(f"{where}: profile field {k} = {v!r} is not a {str(known[k].type)}")
+    return Profile(**fields)
 
 
 def _check_achieved(line, achieved, tier: str, where: str) -> None:

@@ -192,7 +192,7 @@ class TorchComm(Comm):
         event pair each on an idle stream, and their rows say why. Every op runs once
         unheld, the device drained after it, before its first held batch.
         self.last_timing: the row fields that say how the samples were taken."""
-        if self.device != "cuda":  # suite.check_backend refuses cuda_graph off CUDA
+        if self.device != "cuda":  # spec.check_backend refuses cuda_graph off CUDA
             return super().time_ops(op, iters, barrier_each)
         torch = self.torch
         holds = self._holds()

@@ -180,7 +180,7 @@ class Benchmark:
         so a NIC carries 1/G of it."""
         nbytes = float(row.get("nbytes") or 0)
         total = nbytes * (world + 1) / world if inswitch else nbytes * float(row.get("busbw_factor") or 0.0)
-        g_min, g_max = self.domain_sizes(domains)
+        g_min, g_max = domain_sizes(domains)
         if g_min == len(domains):  # one domain: every byte rides the scale-up links
             return total, 0.0
         return total * (g_max - 1) / g_max, total / g_min
@@ -196,23 +196,17 @@ class Benchmark:
         """A caveat on the ceiling of a row whose ranks span several scale-up domains."""
         return None
 
-    @staticmethod
-    def domain_sizes(domains: list) -> tuple[int, int]:
-        """The fewest and the most ranks in one scale-up domain."""
-        sizes = [list(domains).count(d) for d in set(domains)]
-        return min(sizes), max(sizes)
-
-    # --- presentation hooks ------------------------------------------------------------
+    # --- presentation --------------------------------------------------------------------
     # How `commbench report`, report.md/report.html, the figures and the analysis tables show
-    # this benchmark's rows. The defaults are the generic collective ones (a latency/busbw
-    # table by size, busbw and latency figures, alpha-beta fits, busbw weak scaling); a
-    # benchmark with its own row layout (moe, overlap) overrides them. Rows that no
-    # registered benchmark claims (an imported nccl-tests gather) get the defaults through
-    # for_rows(). The building blocks (tables, Section, FigureInfo, figure helpers) are in
-    # commbench.report.viewkit.
+    # this benchmark's rows. The tables, figures and report sections are a view of the report
+    # layer, named here and registered there (commbench.report.views.register_view): the
+    # generic collective view (a latency/busbw table by size, busbw and latency figures) by
+    # default. Rows that no registered benchmark claims (an imported nccl-tests gather) get
+    # the defaults through for_rows().
 
-    # Each row times one operation moving S bytes, so busbw, the by-size table and figures,
-    # alpha-beta fits, variant and in-switch comparisons and busbw scaling apply.
+    view: str = "collective"
+    # Each row times one operation moving S bytes, so busbw, alpha-beta fits, variant and
+    # in-switch comparisons and busbw scaling apply.
     collective_rows: bool = True
     # S and F in words (docs/collectives.md#algbw-and-busbw), shown under the generic table.
     formula: str = ""
@@ -221,30 +215,18 @@ class Benchmark:
         """A point's params in a table cell or a legend."""
         return " ".join(f"{k}={v}" for k, v in params.items())
 
-    def tables(self, rows: list[dict], plain: bool) -> list | None:
-        """`commbench report`'s tables of this benchmark's rows (dicts; `run` names the run
-        directory): rich renderables. plain: ASCII borders (a file or a pipe). None: the
-        generic table."""
-        return None
-
-    def figures(self, rows, out_dir) -> list | None:
-        """Figures of this benchmark's rows (a DataFrame; variant/stage/run/dtype/backend as
-        text, a `params_key` column of canonical JSON) written into out_dir: a list of
-        viewkit.FigureInfo. None: the generic busbw and latency figures by size."""
-        return None
-
-    def report_sections(self, rows, figures: list) -> list | None:
-        """report.md/report.html sections (viewkit.Section) of this benchmark's rows (a
-        DataFrame); figures: the FigureInfo that figures() drew. None: the generic table,
-        with those figures."""
-        return None
-
     def scaling_metric(self, rows) -> tuple | None:
         """Weak scaling's per-rank throughput: (metric name, one value per row of the
         DataFrame rows). None: busbw_gbps when collective_rows. Groups keep nbytes in their
         key only when `sized` (an unsized benchmark's bytes follow from its params and
         world, so they grow with it)."""
         return None
+
+
+def domain_sizes(domains: list) -> tuple[int, int]:
+    """The fewest and the most ranks in one scale-up domain (`domains`: one entry a rank)."""
+    sizes = [list(domains).count(d) for d in set(domains)]
+    return min(sizes), max(sizes)
 
 
 def pattern_at(idx, rank, dtype: str, world: int, reduce: bool, salt: int = 0) -> np.ndarray:
@@ -332,6 +314,6 @@ def get(name: str) -> Benchmark:
 
 
 def for_rows(name: str) -> Benchmark:
-    """The benchmark whose presentation hooks show rows named `name`: the registered one,
+    """The benchmark whose presentation shows rows named `name`: the registered one,
     else the generic defaults (rows imported from a tool's benchmark commbench lacks)."""
     return registry().get(name) or Benchmark()

@@ -8,7 +8,7 @@ import numpy as np
 
 from commbench.core.errors import UsageError
 
-from .base import Benchmark, Point, equal_chunked, fill_chunked, pattern_at, pattern_run, register
+from .base import Benchmark, Point, domain_sizes, equal_chunked, fill_chunked, pattern_at, pattern_run, register
 
 
 @dataclass
@@ -179,7 +179,7 @@ class AllToAll(_Blocked):
     def tier_nbytes(self, row, world, domains, inswitch):
         # Within one domain (or in-switch) the ring-like S x F holds. Across domains, S =
         # bytes a rank sends: (P-G)/P of it leaves the domain, (G-1)/P stays on scale-up.
-        g_min, g_max = self.domain_sizes(domains)
+        g_min, g_max = domain_sizes(domains)
         if inswitch or g_min == len(domains):
             return super().tier_nbytes(row, world, domains, inswitch)
         nbytes = float(row.get("nbytes") or 0)

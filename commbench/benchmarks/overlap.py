@@ -180,8 +180,9 @@ class Overlap(Benchmark):
                     "program leaves that scheduling to XLA: run overlap on mpi, gloo or nccl")
         return None
 
-    # --- presentation: the table, figure and report section are the report layer's
-    # (report/overlap_view.py) ---
+    # --- presentation: the table, figure and report section are the report layer's view
+    # "overlap" (report/overlap_view.py) ---
+    view = "overlap"
     collective_rows = False  # a row's time is start + compute + wait, not one collective's
 
     def canonical_params(self, params):

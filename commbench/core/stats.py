@@ -132,7 +132,7 @@ def _chi2_median_share(nu: float) -> float:
 # Degrees of freedom a median of k variance estimates is worth, per degree of freedom pooled:
 # the median wastes about a third of them. Checked by simulation (normal scatter; 2-9 runs a
 # side, 1-5 points pooled): the t-test's false-alarm rate stays at or below its level, at 5 %,
-# 0.5 % and 0.05 % (tests/test_compare_runs.py holds the sweep-wide rate).
+# 0.5 % and 0.05 % (tests/analyse/test_compare_runs.py holds the sweep-wide rate).
 MEDIAN_DF_SHARE = 0.65
 
 

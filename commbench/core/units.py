@@ -48,6 +48,8 @@ def size_range(min_nbytes: int, max_nbytes: int, factor: int) -> list[int]:
 
 def parse_sizes_arg(text: str) -> dict | list:
     """CLI form: 'MIN:MAX[:FACTOR]' (a range) or 'A,B,C' (a list)."""
+    if not text.replace(",", "").strip():
+        raise UsageError("--sizes is empty: give MIN:MAX[:FACTOR] or A,B,C")
     if ":" in text:
         parts = text.split(":")
         if len(parts) not in (2, 3):
@@ -58,6 +60,15 @@ def parse_sizes_arg(text: str) -> dict | list:
             raise UsageError(f"--sizes {text!r}: factor must be an integer") from None
         return {"min": parts[0], "max": parts[1], "factor": factor}
     return [p for p in text.split(",") if p.strip()]
+
+
+def sweep_sizes(value: dict | list) -> tuple[list[int], bool]:
+    """The sizes in bytes that a range {min, max, factor} or a list names (parse_sizes_arg's
+    forms, a suite's `sizes`), and whether they came from a range: a sweep rounds a ranged
+    size down to what a point can split, where a size named in a list is refused instead."""
+    if isinstance(value, dict):
+        return size_range(parse_size(value["min"]), parse_size(value["max"]), value.get("factor", 2)), True
+    return sorted({parse_size(s) for s in value}), False
 
 
 def fmt_size(nbytes: int) -> str:

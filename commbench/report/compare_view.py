@@ -1,32 +1,19 @@
 """`commbench compare` as a person reads it: the headline (verdict counts and what they rest
-on), the table of matched points, the points found on one side only, and the command's
-flow (load both sides, judge, print, write CSV). The numbers are analyse.compare's."""
+on), the line a failed data check opens with, the table of matched points and the points
+found on one side only. The numbers are analyse.compare's; the command's flow (load both
+sides, judge, print, write CSV) is commands/compare.py."""
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 from rich.markup import escape
 
-from commbench.analyse.compare import (
-    FDR_Q,
-    ONE_RUN_CAVEAT,
-    REPEAT_HINT,
-    check_failed,
-    compare_runs,
-    exit_status,
-    nothing_in_common,
-    split_only,
-    summary,
-)
-from commbench.analyse.host_moved import host_context
-from commbench.core.errors import UsageError
+from commbench.analyse.compare import FDR_Q, ONE_RUN_CAVEAT, REPEAT_HINT, check_failed, split_only, summary
 from commbench.core.units import fmt_size
 from commbench.report import terminal
-from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, add_column, print_table, size_cells, table
-from commbench.store.load import load_side, names_for, refuse_duplicates
-from commbench.store.results import load_meta
+from commbench.report.fmt import size_cells
+from commbench.report.tables import ALWAYS, COMPACT, WIDE, add_column, print_table, table
 
 
 def _params_text(key: str) -> str:
@@ -111,27 +98,14 @@ def check_line(df, runs_check_failed, fail_on_regression: bool) -> str:
     return f"check failed: {'; '.join(parts)}: those results are wrong, whatever their speed; {then}"
 
 
-def runs_with_failed_checks(paths) -> list[str]:
-    """The runs (as given) whose meta.json says check_failed, for the run or any variant."""
-    out = []
-    for p in paths:
-        d = Path(p).parent if Path(p).name == "rows.jsonl" else Path(p)
-        meta = load_meta(d)
-        variants = meta.get("variants") if isinstance(meta.get("variants"), dict) else {}
-        states = [meta.get("status")] + [v.get("status") for v in variants.values() if isinstance(v, dict)]
-        if "check_failed" in states:
-            out.append(str(p))
-    return out
-
-
 def print_compare(df, only=None, console=None, threshold_pct: float | None = None, all_points: bool = True,
                   wide: bool | None = None) -> None:
     """Rich table of a compare_runs frame (matched points), then the points found on one
     side only. all_points=False shows only the faster/slower points. No number is cut
-    (viewkit.print_table): secondary columns give way on a narrow terminal; wide (default:
-    `--wide`) keeps them all."""
+    (tables.print_table): secondary columns give way on a narrow terminal; wide (`--wide`)
+    keeps them all."""
     console = console or terminal.make_console()
-    wide = terminal.wide_tables() if wide is None else wide
+    wide = bool(wide)
     plain = not terminal.stdout_is_tty()
     matched, only_df = split_only(df)
     if only is not None:
@@ -149,7 +123,7 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     add_column(t, "size (B)")
     for c in opt:
         if cols_opt[c]:
-            add_column(t, c, left=True, wrap=c == "params")
+            add_column(t, c, left=True, wrap=c == "params", words=c == "params")
     add_column(t, "base p50 (us)")
     add_column(t, "new p50 (us)")
     add_column(t, "change")
@@ -207,7 +181,7 @@ def print_compare(df, only=None, console=None, threshold_pct: float | None = Non
     if len(only_df):
         o = table(f"points on one side only ({s['only in base']} base, {s['only in new']} new)", "", plain)
         for h in ("only in", "benchmark", "world", "sizes", "dtype", "variant", "placement", "params", "stage"):
-            add_column(o, h, left=True, wrap=h == "params")
+            add_column(o, h, left=True, wrap=h == "params", words=h == "params")
         gkeys = ["only_in", "benchmark", "world", "dtype", "variant", "placement", "params", "stage"]
         for key, g in only_df.groupby(gkeys, sort=False):
             r = dict(zip(gkeys, key))
@@ -228,79 +202,3 @@ def _pct_text(v: float) -> str:
 
 def _f(v) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-
-
-def side_metas(paths) -> dict:
-    """{run name: meta.json} of one side's paths, each named as store.load.load_side names its
-    rows (the directory's name; the path as given where two of the side share it)."""
-    names = [names_for([p])[0] for p in paths]
-    return {(str(p) if names.count(x) > 1 else x): load_meta(Path(p).parent if Path(p).name == "rows.jsonl" else p)
-            for p, x in zip(paths, names)}
-
-
-def compare_paths(base, new, threshold_pct: float = 5.0, fail_on_regression: bool = False, console=None,
-                  all_points: bool = True, csv_out=None, wide: bool | None = None,
-                  allow_inconclusive: bool = False) -> int:
-    """`commbench compare`: load both sides (a run directory or a list of repeated runs
-    each), print, optionally write the frame as CSV; returns the exit status (exit_status:
-    with fail_on_regression 0, 1 slower or a failed check, 3 inconclusive unless
-    allow_inconclusive). No point matched on both sides (a side without rows, mpi against
-    gloo): UsageError (exit 2). The runs' meta.json tell when they ran and their controls
-    (host_moved.host_context)."""
-    base = [base] if isinstance(base, (str, bytes)) or not hasattr(base, "__iter__") else list(base)
-    new = [new] if isinstance(new, (str, bytes)) or not hasattr(new, "__iter__") else list(new)
-    sides = [load_side(base, "base"), load_side(new, "new")]
-    for side in sides:
-        refuse_duplicates(side)
-    df = compare_runs(*sides, threshold_pct, host=host_context(side_metas(base), side_metas(new)))
-    matched, _ = split_only(df)
-    if matched.empty:  # a gate that compared nothing must not pass
-        raise UsageError(f"nothing was compared: {nothing_in_common(*sides)}")
-    failed_runs = runs_with_failed_checks(base + new)
-    line = check_line(df, failed_runs, fail_on_regression)
-    console = console or terminal.make_console()
-    if line:  # first: a gate that fails on wrong results says so before any table
-        console.print(escape(line), soft_wrap=True, highlight=False)
-    print_compare(df, console=console, threshold_pct=threshold_pct, all_points=all_points, wide=wide)
-    if csv_out:
-        df.to_csv(csv_out, index=False)
-    status = exit_status(df, fail_on_regression, failed_runs, allow_inconclusive)
-    if status == 3:
-        console.print(f"inconclusive: {summary(df)['cannot judge']} point(s) could not be judged and none is "
-                      f"slower: exit 3 (--allow-inconclusive passes the gate on this)", highlight=False)
-    return status
-
-
-def split_sides(runs, base=None, new=None, argv=()) -> tuple[list[str], list[str]]:
-    """The base and new runs of a `commbench compare` command line.
-
-    Three forms: `BASE NEW`; `A1 A2 ... -- B1 B2 ...`; `--base A1 A2 ... --new B1 B2 ...`.
-    argparse drops the `--` from the positionals (and, by Python version, one or all of
-    them), so the new side is read from argv: every word after the first `--` (argv is
-    the command line argparse parsed, runs its positionals)."""
-    forms = "give BASE NEW, A1 A2 ... -- B1 B2 ..., or --base A1 A2 ... --new B1 B2 ..."
-    runs = list(runs or [])
-    if base or new:
-        if runs:
-            raise UsageError(f"runs given both as positionals and with --base/--new: {forms}")
-        if not (base and new):
-            raise UsageError(f"{'--new' if base else '--base'} is missing: {forms}")
-        return list(base), list(new)
-    argv = list(argv)
-    if "--" in argv:
-        after = argv[argv.index("--") + 1:]
-        for a in after:
-            if a.startswith("-"):
-                raise UsageError(f"{a} after --: every word after -- is a run of the new side; put options before --")
-        before = runs[:len(runs) - len(after)] if len(after) <= len(runs) else []
-        if before and before[-1] == "--":
-            before.pop()  # a Python whose argparse keeps the `--` among the positionals
-        if not after:
-            raise UsageError(f"no run after --: {forms}")
-        if not before:
-            raise UsageError(f"no run before --: {forms}")
-        return before, after
-    if len(runs) != 2:
-        raise UsageError(f"{len(runs)} run(s) without --: {forms}")
-    return [runs[0]], [runs[1]]
-

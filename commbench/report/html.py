@@ -1,6 +1,7 @@
 """`commbench report --out DIR`: report.md (tables + relative PNG links) and a
 self-contained report.html (the same tables as HTML, the PNGs embedded as base64 data
-URIs) from one or more result directories, measured or imported.
+URIs) from the rows and meta.json of one or more runs, measured or imported (read once by
+commands/report.py).
 """
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ import re
 import time
 from pathlib import Path
 
-from commbench.analyse.ceilings import load_profile
 from commbench.core.errors import UsageError
 from commbench.core.safe_write import write_atomic
 from commbench.report import plots
-from commbench.report.sections import (  # noqa: F401
-    _rejudge,
-    _run_name,
+from commbench.report.document import Section
+from commbench.report.sections import (
     benchmark_sections,
     check_findings,
     fit_section,
@@ -27,10 +26,7 @@ from commbench.report.sections import (  # noqa: F401
     variant_sections,
 )
 from commbench.report.terminal import skipped_variants
-from commbench.report.viewkit import Section
 from commbench.report.warnings_view import warnings_section
-from commbench.store.load import load, names_for
-from commbench.store.results import load_meta
 
 # ---------------------------------------------------------------------------------------
 # rendering
@@ -170,39 +166,24 @@ def _floors(metas: dict, profile) -> dict:
             for run, m in metas.items()}
 
 
-def write_report(paths, out_dir, profile=None, title: str = "commbench report") -> dict:
-    """Load the runs, draw the figures (when matplotlib is installed), write
-    out_dir/report.md, out_dir/report.html and out_dir/figures/*.png.
+def render_report(df, metas: dict, out_dir, profile=None, title: str = "commbench report") -> dict:
+    """Draw the figures (when matplotlib is installed), write out_dir/report.md,
+    out_dir/report.html and out_dir/figures/*.png from rows already read (df: a run column
+    names each run) and each run's meta.json (metas: run name -> meta).
 
     The report opens with the answer: one line per run, then a summary (each benchmark's
     findings with one line of judgement: peak busbw against the ceiling, small-message
     latency, each benchmark's own findings, scaling efficiency, variant verdicts); then each
     section's figures with its raw table folded; the run details last.
 
-    profile: a ceilings.Profile (or a profile name / .toml path) to judge every row
-    against; None keeps each row's own ceiling fields.
+    profile: the ceilings.Profile every row was judged against (its latency floor judges
+    the latencies; the report says so); None: each row's own ceiling fields.
 
     Returns {"markdown": Path, "html": Path, "figures": {name: Path}, "series": {name:
-    [legend labels]}, "notes": [str], "drawn": {name: viewkit.FigureInfo (with .figure,
-    the matplotlib Figure)}, "findings": [viewkit.Finding]}.
+    [legend labels]}, "notes": [str], "drawn": {name: document.FigureInfo (with .figure,
+    the matplotlib Figure)}, "findings": [document.Finding]}.
     """
-
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise UsageError("report needs at least one result directory")
-    df = load(paths)
-    # Keyed by the name load() gives each run's rows: two runs that share a directory name
-    # ("x1/quick", "y1/quick") are two runs here too.
-    metas = {name: load_meta(p if p.is_dir() else p.parent) for name, p in zip(names_for(paths), paths)}
     notes = []
-    if df.empty:
-        raise UsageError(f"{', '.join(map(str, paths))}: no rows to report")
-    if profile is not None:
-        if not hasattr(profile, "scaleup_line_gbps"):
-            profile = load_profile(profile)
-        df = _rejudge(df, metas, profile)
     out = Path(out_dir)
     fig_dir = out / "figures"
     try:

@@ -1,25 +1,18 @@
 """MoE figures: p50 time, bandwidth and the hottest rank's load against tokens and against
 routing skew, and where the time goes (stacked sub-stages). Rows that are not evidence are
-drawn hollow (figflags). Called through report/views.py for the MoE benchmark."""
+drawn hollow (figflags). Part of the view "moe" (report/views.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from commbench.benchmarks.moe import SKEW_AXES, shape
+from commbench.report.document import FigureInfo
 from commbench.report.figflags import flag_caption, flag_entry, flags, plot_flagged, row_flagged
+from commbench.report.fmt import num, text
 from commbench.report.moe_view import STAGE_ORDER, _frame, decided_cell, ordered, stage_times
-from commbench.report.viewkit import (
-    FigureInfo,
-    int_log2_axis,
-    labeler,
-    legend_beside,
-    new_figure,
-    num,
-    save_figure,
-    text,
-    varying_params,
-)
+from commbench.report.order import varying_params
+from commbench.report.plotkit import int_log2_axis, labeler, legend_beside, new_figure, save_figure
 
 _CAPTION = "p50 time, bandwidth (the hottest rank's remote bytes / p50) and the hottest rank's load"
 

@@ -4,11 +4,7 @@ table note and summary words, so that a rate over routed bytes is never read as 
 from __future__ import annotations
 
 from commbench.core.schema import has
-from commbench.report.viewkit import fmt
-
-# A padding factor (bytes sent / routed) up to this is no news in a table by default: the
-# count headers a low-latency dispatch sends with its rows add well under 5 % at decode shapes.
-PADDING_SHOWN = 1.05
+from commbench.report.fmt import fmt
 
 
 def bytes_as_sent(r: dict) -> tuple[float, float, float] | None:

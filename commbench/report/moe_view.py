@@ -1,40 +1,27 @@
 """How moe rows are shown: the terminal table, the report section (the figures against
 tokens, skew and by sub-stage are moe_figures.py's), and weak scaling in tokens per second
-per rank. Called
-through report/views.py for the MoE benchmark; its shape in words and scaling measure are
-the benchmark's own (benchmarks/moe/)."""
+per rank. Registered as the view "moe" (report/views.py), the one the MoE benchmark
+names; its shape in words and scaling measure are the benchmark's own (benchmarks/moe/)."""
 from __future__ import annotations
 
 import json
 import math
 
+from commbench.analyse.thresholds import LOAD_BALANCED, LOAD_MODERATE, PADDING_SHOWN, STAGE_CLOSE_RATIO
 from commbench.analyse.verdicts import cannot_judge, excluded_note, trusted_mask
 from commbench.benchmarks.base import for_rows
 from commbench.benchmarks.moe import _IN_SHAPE, SKEW_AXES, shape  # noqa: F401 (shape: this view's cells)
 from commbench.core.schema import has
-from commbench.report.moe_sent import PADDING_SHOWN, SENT_NOTE, bytes_as_sent, mb_cell, padding_cell, sent_words
-from commbench.report.viewkit import (
-    ALWAYS,
-    COMPACT,
-    WIDE,
-    Finding,
-    Section,
-    add_column,
-    fmt,
-    judge_ceiling,
-    num,
-    params_order,
-    table,
-    text,
-    varying_params,
-)
+from commbench.report.document import Finding, Section
+from commbench.report.fmt import fmt, num, text
+from commbench.report.judgements import judge_ceiling
+from commbench.report.moe_sent import SENT_NOTE, bytes_as_sent, mb_cell, padding_cell, sent_words
+from commbench.report.order import params_order, varying_params
+from commbench.report.tables import ALWAYS, COMPACT, WIDE, add_column, table
 
 # Sub-stages in the order a step runs them (every path's names: host, device, hierarchical,
 # low-latency); the exchange itself is every stage named a2a*.
 STAGE_ORDER = ("layout", "counts", "sync", "pack", "a2a", "a2a_out", "forward", "a2a_in", "unpack", "reduce")
-# Two stages whose times are this close (ratio) share the decision: p50s of one run move by
-# more than that on a shared host.
-CLOSE_RATIO = 1.25
 
 
 def stage_times(r: dict) -> list[tuple[str, float]]:
@@ -46,7 +33,7 @@ def stage_times(r: dict) -> list[tuple[str, float]]:
 
 def deciding(r: dict) -> tuple[list[str], float] | None:
     """The sub-stage(s) that decide a row's time: the longest, with any other within
-    CLOSE_RATIO of it; and their share of the step in per cent: of p50, or of the
+    STAGE_CLOSE_RATIO of it; and their share of the step in per cent: of p50, or of the
     sub-stages' sum where their medians add up to more than p50 (never over 100 %). None
     without stages."""
     st = [(k, v) for k, v in stage_times(r) if v > 0]
@@ -54,7 +41,7 @@ def deciding(r: dict) -> tuple[list[str], float] | None:
     if not st or p50 <= 0:
         return None
     top = max(v for _, v in st)
-    names = [k for k, v in sorted(st, key=lambda kv: -kv[1]) if v * CLOSE_RATIO >= top]
+    names = [k for k, v in sorted(st, key=lambda kv: -kv[1]) if v * STAGE_CLOSE_RATIO >= top]
     return names, 100.0 * sum(v for k, v in st if k in names) / max(p50, sum(v for _, v in st))
 
 
@@ -81,7 +68,7 @@ def _in_words(names: list[str]) -> str:
 def judge_stages(rs: list[dict]) -> str:
     """The verdict of one stage (dispatch or combine) over its points: which sub-stage
     decides, its share of the step (deciding()), and, where the exchange decides, how
-    near the link it is. Rests on the per-stage p50s of the slowest rank; stages within CLOSE_RATIO are named
+    near the link it is. Rests on the per-stage p50s of the slowest rank; stages within STAGE_CLOSE_RATIO are named
     together, since a shared host moves them by that much."""
     dec = [(r, deciding(r)) for r in rs]
     dec = [(r, d) for r, d in dec if d is not None]
@@ -159,7 +146,7 @@ def terminal_table(rs: list[dict], plain: bool):
             ("outside\na2a (%)", False, WIDE, True), ("% line", False, COMPACT, True), ("check", True, ALWAYS, True)]
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
-        add_column(t, name, left, level, wrap=name in ("shape", "stages (us)"))
+        add_column(t, name, left, level, wrap=name in ("shape", "stages (us)"), words=name == "shape")
     for r in rs:
         stages = " ".join(f"{k}={v:.0f}" for k, v in stage_times(r))
         hot = f"{fmt(r.get('load_max_over_mean'))} (r{int(r['hottest_rank'])})" if has(r.get("hottest_rank")) else "-"
@@ -229,9 +216,9 @@ def no_figure_reason(m) -> str:
 
 def judge_load(load: float) -> str:
     """A hottest-rank load (max/mean rows received) in words."""
-    if load <= 1.1:
+    if load <= LOAD_BALANCED:
         return "balanced: every rank receives about the mean"
-    if load <= 1.5:
+    if load <= LOAD_MODERATE:
         return "moderate skew: the hottest rank receives more, and the stage waits for it"
     return "heavy skew: the hottest rank sets the stage time"
 

@@ -1,33 +1,20 @@
 """How overlap rows (measured, or imported from OSU's non-blocking benchmarks) are shown:
 the terminal table, the report section and the figure of overlap against bucket size.
-Called through the Overlap class's presentation hooks (benchmarks/base.py)."""
+Registered as the view "overlap" (report/views.py), the one the Overlap benchmark names."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from commbench.analyse.thresholds import OVERLAP_HIDDEN_PCT, OVERLAP_PARTLY_PCT
 from commbench.analyse.verdicts import cannot_judge, excluded_note, rests_on, trusted_mask
 from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
+from commbench.report.document import FigureInfo, Finding, Section
 from commbench.report.figflags import flag_caption, flag_entry, flags, plot_flagged
-from commbench.report.viewkit import (
-    ALWAYS,
-    COMPACT,
-    WIDE,
-    FigureInfo,
-    Finding,
-    Section,
-    add_column,
-    fmt,
-    labeler,
-    legend_beside,
-    new_figure,
-    save_figure,
-    size_axis,
-    size_ticks,
-    table,
-    text,
-    varying_params,
-)
+from commbench.report.fmt import fmt, text
+from commbench.report.order import varying_params
+from commbench.report.plotkit import labeler, legend_beside, new_figure, save_figure, size_axis, size_ticks
+from commbench.report.tables import ALWAYS, COMPACT, WIDE, add_column, table
 from commbench.report.warnings_view import warning_cell
 
 
@@ -105,9 +92,9 @@ def section(o, figures: list) -> Section:
 
 def judge_overlap(pct: float) -> str:
     """OSU's overlap % in words."""
-    if pct >= 80:
+    if pct >= OVERLAP_HIDDEN_PCT:
         return "communication hidden behind the compute"
-    if pct >= 30:
+    if pct >= OVERLAP_PARTLY_PCT:
         return "partly hidden: the collective progresses only part of the time the compute runs"
     return "mostly exposed: the collective does not progress during the compute (try polls or a progress thread)"
 
@@ -187,7 +174,7 @@ def _repeated_finding(good, gp, who: str, note: str) -> Finding:
     if judge_overlap(lo) != judge_overlap(hi):
         return Finding(bench, f"OSU overlap ({who})", value,
                        f"cannot judge the overlap: its repeats at {at} spread {fmt(lo, 0)}..{fmt(hi, 0)}%, "
-                       f"across the bounds of the verdicts (30 %, 80 %) ({basis})")
+                       f"across the bounds of the verdicts ({OVERLAP_PARTLY_PCT:g} %, {OVERLAP_HIDDEN_PCT:g} %) ({basis})")
     return Finding(bench, f"OSU overlap ({who})", value, f"{judge_overlap(lo)} ({basis})")
 
 

@@ -1,9 +1,9 @@
 """Report figures (PNG) from measured or imported rows. matplotlib is optional and
-imported lazily (commbench.report.viewkit draws without pyplot).
+imported lazily (commbench.report.plotkit draws without pyplot).
 
 make_figures(df, out_dir, profile=None) draws each figure only when its data exists and
 returns {name: FigureInfo (path, title, caption, series labels)}: each benchmark's own
-(Benchmark.figures; by default busbw and latency against size), then the scaling and
+(its registered view's, report/views.py; by default busbw and latency against size), then the scaling and
 in-switch figures across benchmarks. Several runs overlay on the same axes, labelled by
 run name.
 """
@@ -16,12 +16,10 @@ from commbench.analyse.ceilings import ceiling_busbw, is_inswitch
 from commbench.core.safe_write import make_dir
 from commbench.core.schema import params_dict
 from commbench.core.units import fmt_size
-from commbench.report import views as view_hooks
-from commbench.report.terminal import own_metrics_caption
-
-from .figflags import flag_caption, flag_entry, flags, plot_flagged, with_flags
-from .viewkit import (
-    FigureInfo,
+from commbench.report import views as bench_views
+from commbench.report.document import FigureInfo
+from commbench.report.fmt import text
+from commbench.report.plotkit import (
     capturing,
     int_log2_axis,
     labeler,
@@ -29,8 +27,10 @@ from .viewkit import (
     new_figure,
     save_figure,
     size_axis,
-    text,
 )
+from commbench.report.terminal import own_metrics_caption
+
+from .figflags import flag_caption, flag_entry, flags, plot_flagged, with_flags
 
 
 def have_matplotlib() -> bool:
@@ -334,7 +334,7 @@ def make_figures(df, out_dir, profile=None) -> dict[str, FigureInfo]:
     with capturing() as drawn:
         for bench in sorted(views):
             rows = d[d["benchmark"] == bench]
-            own = view_hooks.figures(views[bench], rows, out_dir)
+            own = bench_views.figures(views[bench], rows, out_dir)
             if own is None:
                 own = [fn(rows, bench, out_dir) for fn in (fig_busbw, fig_latency)] \
                     if views[bench].collective_rows else []

@@ -87,10 +87,3 @@ def _ttyname(f) -> str | None:
         return os.ttyname(f.fileno())
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def describe(point) -> str:
-    """How a failure message names a point: benchmark, size, dtype, rank count, variant."""
-    what = (" ".join(f"{k}={v}" for k, v in point.params.items()) if point.params else
-            f"{fmt_size(point.nbytes)} {point.dtype}")
-    return f"{point.benchmark} {what}{' in-place' if point.in_place else ''} world {point.world}"

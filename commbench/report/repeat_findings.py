@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from commbench.analyse.analysis import SCALING_KEYS, largest_size, scaling_table
-from commbench.report.viewkit import num, text
+from commbench.report.fmt import num, text
 
 
 def per_repeat(df) -> dict:

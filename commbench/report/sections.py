@@ -4,7 +4,6 @@ line of judgement per finding. html.py renders them as report.md and report.html
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, largest_size, presenters, scaling_table
 from commbench.analyse.ceilings import CEILING_COLUMN_NOTE, WORLD_1_NOTE, ceiling_busbw, share_of_ceiling
@@ -19,36 +18,14 @@ from commbench.analyse.verdicts import (
 from commbench.core.hoststate import host_line
 from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
-from commbench.report import views as view_hooks
+from commbench.report import views as bench_views
+from commbench.report.document import Finding, Section
+from commbench.report.fmt import fmt, num, size_cells, text
+from commbench.report.judgements import judge_ceiling, judge_efficiency, judge_latency
+from commbench.report.order import params_order
 from commbench.report.repeat_findings import fastest_repeat, per_repeat, repeat_medians
-from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, planted_line, rejudge_rows, time_caption
+from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, planted_line, time_caption
 from commbench.report.variants_view import variant_comparisons
-from commbench.report.viewkit import (
-    Finding,
-    Section,
-    fmt,
-    judge_ceiling,
-    judge_efficiency,
-    judge_latency,
-    num,
-    params_order,
-    size_cells,
-    text,
-)
-
-# ---------------------------------------------------------------------------------------
-# small helpers
-
-def _run_name(p) -> str:
-    p = Path(p)
-    return p.name if p.is_dir() else p.parent.name
-
-
-def _rejudge(df, metas: dict, profile):
-    """Every row's ceiling fields against `profile`, with each run's node map."""
-
-    return rejudge_rows(df, {run: (m or {}).get("nodes") for run, m in metas.items()}, profile)
-
 
 # ---------------------------------------------------------------------------------------
 # tables
@@ -115,15 +92,15 @@ def run_line(name: str, meta: dict) -> str:
 
 
 def benchmark_sections(df, figures: dict, floors: dict | None = None) -> list[Section]:
-    """Each benchmark's sections (Benchmark.report_sections), with the figures drawn for
-    it; the generic table for those that have none of their own, and those first.
+    """Each benchmark's sections (its registered view's, report/views.py), with the figures
+    drawn for it; the generic table for those that have none of their own, and those first.
     floors: run name -> the profile's latency floor (us), for the latency findings."""
     generic, own = [], []
     multi_run = df["run"].nunique() > 1
     for bench, b in sorted(presenters(df).items()):
         g = df[df["benchmark"] == bench]
         figs = [f for f in figures.values() if f.benchmark == bench]
-        mine = view_hooks.report_sections(b, g, figs)
+        mine = bench_views.report_sections(b, g, figs)
         if mine is None:
             generic.append(collective_section(bench, b, g, figs, multi_run, floors or {}))
         else:

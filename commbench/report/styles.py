@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from commbench.core.schema import has, params_dict
-from commbench.report.viewkit import text
+from commbench.report.fmt import text
 
 STYLES = ("table", "nccl-tests", "osu")
 

@@ -57,12 +57,15 @@ ALWAYS, COMPACT, WIDE = 0, 1, 2
 
 
 def add_column(t, header: str, left: bool = False, level: int = ALWAYS, wrap: bool = False,
-               in_caption: bool = False, key: bool = False) -> None:
+               in_caption: bool = False, key: bool = False, words: bool = False) -> None:
     """A column of t. Only text made of words (a shape, a list of stages) may wrap: a
     number or a header is never wrapped, and print_table never lets rich cut one.
     in_caption: the caption already gives its one value (a dtype that never changes), so
     leaving it out goes unsaid. key: the column is part of what tells the rows apart (a
-    param, a mode, a stage): print_table keeps it while its cells differ."""
+    param, a mode, a stage): print_table keeps it while its cells differ. words: each cell
+    is a list of independent words (a shape "T=512 H=7168 ...", params "k=v ..."), so the
+    words every cell shares may move to the caption; never for prose (a verdict, a warning),
+    where dropping shared words would leave fragments that no longer read."""
     t.add_column(header, justify="left" if left else "right", no_wrap=not wrap)
     if not hasattr(t, "levels"):
         t.levels = {}
@@ -71,6 +74,8 @@ def add_column(t, header: str, left: bool = False, level: int = ALWAYS, wrap: bo
         t.said = getattr(t, "said", set()) | {header}
     if key:
         t.keys = getattr(t, "keys", set()) | {header}
+    if words:
+        t.words = getattr(t, "words", set()) | {header}
 
 
 def _drop_column(t, header: str) -> None:
@@ -179,7 +184,7 @@ def _factor_words(t, too_wide) -> list[tuple[str, list[str]]]:
     for c in getattr(t, "columns", []):
         if not too_wide():
             break
-        if getattr(c, "no_wrap", True) or not all(isinstance(x, str) for x in c._cells):
+        if c.header not in getattr(t, "words", set()) or not all(isinstance(x, str) for x in c._cells):
             continue
         cells = [x.split() for x in c._cells]
         common = set(cells[0]).intersection(*cells[1:]) if cells else set()

@@ -12,27 +12,14 @@ from commbench.core import hoststate
 from commbench.core.hoststate import host_line
 from commbench.core.schema import has, per_params
 from commbench.core.units import fmt_size
-from commbench.report import views as view_hooks
-from commbench.report.styles import STYLES, nccl_tests_lines, osu_lines
+from commbench.report import views as bench_views
+from commbench.report.fmt import fixed, is_number, num, records, size_cells, text
+from commbench.report.order import params_order
+from commbench.report.styles import nccl_tests_lines, osu_lines
+from commbench.report.tables import ALWAYS, COMPACT, WIDE, add_column, print_table, table
 from commbench.report.variants_view import variant_comparisons
-from commbench.report.viewkit import (
-    ALWAYS,
-    COMPACT,
-    WIDE,
-    _has,
-    add_column,
-    fixed,
-    num,
-    params_order,
-    print_table,
-    records,
-    size_cells,
-    table,
-    text,
-)
+from commbench.report.viewsettings import View
 from commbench.report.warnings_view import say_warnings
-from commbench.store.load import load, names_for
-from commbench.store.results import load_meta
 
 
 def stdout_is_tty() -> bool:
@@ -40,33 +27,6 @@ def stdout_is_tty() -> bool:
     pseudo-terminal even when its own output goes to a file."""
     forced = os.environ.get("COMMBENCH_TTY")
     return forced == "1" if forced in ("0", "1") else sys.stdout.isatty()
-
-
-# `--wide` (run, report): every column of every table. The default leaves out the
-# secondary columns (viewkit.WIDE), and more (viewkit.COMPACT) where a table would not fit.
-_WIDE = False
-
-
-def set_wide(on: bool) -> None:
-    global _WIDE
-    _WIDE = bool(on)
-
-
-# `--style` (run, report): "table" (commbench's tables), or the layout of the tool the
-# reader knows ("nccl-tests", "osu"; commbench.report.styles) for the sized collectives' rows.
-_STYLE = "table"
-
-
-def set_style(style: str | None) -> None:
-    global _STYLE
-    if (style or "table") not in STYLES:
-        raise ValueError(f"unknown style {style!r}")
-    _STYLE = style or "table"
-
-
-def wide_tables() -> bool:
-    """Whether tables keep every column (`--wide`)."""
-    return _WIDE
 
 
 def make_console():
@@ -87,14 +47,14 @@ def pipe_width() -> int:
     return cols if 40 <= cols <= 1000 else 240
 
 
-def print_tables(rows, console=None, wide: bool | None = None) -> None:
-    """Each benchmark's tables (Benchmark.tables); by default one table per benchmark:
-    size, p50, p99, algbw, busbw, check. No table cuts a number (viewkit.print_table)."""
+def print_tables(rows, console=None, wide: bool | None = None, view: View = View()) -> None:
+    """Each benchmark's tables (its registered view's, report/views.py); by default one
+    table per benchmark: size, p50, p99, algbw, busbw, check. No table cuts a number (tables.print_table)."""
 
     if hasattr(rows, "to_dict"):
         rows = records(rows)
     console = console or make_console()
-    wide = _WIDE if wide is None else wide
+    wide = view.wide if wide is None else wide
     plain = not stdout_is_tty()
     by_bench: dict[str, list] = {}
     for r in rows:
@@ -103,15 +63,15 @@ def print_tables(rows, console=None, wide: bool | None = None) -> None:
     for bench, rs in by_bench.items():
         b = for_rows(bench)
         # Another tool's layout for the sized collectives; moe, overlap, barrier keep their own.
-        if _STYLE != "table" and b.collective_rows and b.sized:
+        if view.style != "table" and b.collective_rows and b.sized:
             styled += rs
             continue
-        own = view_hooks.tables(b, rs, plain)
+        own = bench_views.tables(b, rs, plain)
         for t in own if own is not None else [collective_table(bench, b, rs, plain)]:
             print_table(console, t, wide)
     if styled:
         # Plain lines, as the other tool writes them: no markup, no wrapping.
-        for line in (nccl_tests_lines if _STYLE == "nccl-tests" else osu_lines)(styled):
+        for line in (nccl_tests_lines if view.style == "nccl-tests" else osu_lines)(styled):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -158,11 +118,11 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
     show_stage = any(r.get("stage") for r in rs)
     show_run = _varies(rs, "run")
     show_variant = _varies(rs, "variant")
-    show_ceiling = any(_has(r.get("time_bound_us")) for r in rs)
+    show_ceiling = any(is_number(r.get("time_bound_us")) for r in rs)
     show_place = _varies(rs, "placement") or any(r.get("placement") == "in-place" for r in rs)
     # GPU rows: the device time per operation (p50) and, beside it, what the host paid to
     # enqueue one -- what an eager small-message workload pays.
-    show_host = any(_has(r.get("host_us_per_op")) for r in rs)
+    show_host = any(is_number(r.get("host_us_per_op")) for r in rs)
     sized = any(float(r.get("nbytes") or 0) > 0 for r in rs)
     note = b.formula or ("" if b.sized else "latency only")
     sample = next((r.get("sample") for r in rs if r.get("sample")), None)
@@ -186,7 +146,7 @@ def collective_table(bench: str, b, rs: list[dict], plain: bool):
             ("% achieved", False, WIDE, show_ceiling and sized), ("check", True, ALWAYS, True)]
     cols = [c for c in cols if c[3]]
     for name, left, level, _ in cols:
-        add_column(t, name, left, level, wrap=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
+        add_column(t, name, left, level, wrap=name == "params", words=name == "params", in_caption=name == "dtype" and len(dtypes) == 1)
     # Each shown column's cell of a row (only those: a table may hold 300k rows); sizes in
     # one format down the column.
     sizes = iter(size_cells(int(r["nbytes"]) for r in rs)) if any(c[0] == "size (B)" for c in cols) else iter(())
@@ -214,15 +174,15 @@ def _ceiling_caption(rs) -> str:
     """The profile, the tier and link of each row, and what the % columns compare: the
     rows' own `compared_as` (busbw, wire rate, per-tier bytes), or, for rows with no bytes
     (a benchmark without sizes), that the bound is the profile's latency floor."""
-    judged = [r for r in rs if _has(r.get("time_bound_us"))]
+    judged = [r for r in rs if is_number(r.get("time_bound_us"))]
     tiers = sorted({f"{x.get('tier')}: {x.get('bottleneck')}" for x in judged})
     compared = sorted({str(x["compared_as"]) for x in judged if has(x.get("compared_as"))})
-    lines = sorted({float(x["ceiling_gbps"]) for x in judged if _has(x.get("ceiling_gbps"))})
+    lines = sorted({float(x["ceiling_gbps"]) for x in judged if is_number(x.get("ceiling_gbps"))})
     out = f"profile {judged[0].get('profile')}; {', '.join(tiers)}"
     if lines:
         out += "; line rate " + ", ".join(f"{v:.4g}" for v in lines) + " GB/s"
     bases = sorted({f"{float(x['bound_busbw_gbps']):.4g} GB/s busbw that {x['bound_basis']}" for x in judged
-                    if _has(x.get("bound_busbw_gbps")) and has(x.get("bound_basis"))})
+                    if is_number(x.get("bound_busbw_gbps")) and has(x.get("bound_basis"))})
     if compared:
         # The ceiling in the rows' own unit, so a reader can check the %: busbw / the busbw the bound allows.
         out += (f"; % line = busbw / the busbw the line rate allows ({'; '.join(bases) if bases else 'the rate itself'})"
@@ -272,7 +232,8 @@ def no_scaling_reason(df, cores: int) -> str | None:
             f"--np {2 * w} on a host with {2 * w} cores (this one has {cores}), or a cluster")
 
 
-def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling: bool = False) -> None:
+def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling: bool = False,
+                    view: View = View()) -> None:
     """Scaling efficiency over rank counts, and the alpha-beta fit over sizes.
     say_no_scaling: a run that let the launch choose its worlds says why it has no
     scaling table when it measured one."""
@@ -281,10 +242,10 @@ def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling
     from commbench.analyse.analysis import MIN_FIT_SIZES, fit_table, scaling_table
 
     df = rows if hasattr(rows, "columns") else pd.DataFrame(list(rows))
-    if df.empty or _STYLE != "table":  # another tool's layout has no such tables
+    if df.empty or view.style != "table":  # another tool's layout has no such tables
         return
     console = console or make_console()
-    wide = _WIDE if wide is None else wide
+    wide = view.wide if wide is None else wide
     plain = not stdout_is_tty()
     sc = scaling_table(df)
     why = no_scaling_reason(df, hoststate.cores()) if say_no_scaling and sc.empty else None
@@ -308,7 +269,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling
                 ("efficiency\n(%)", False, True)]
         cols = [c for c in cols if c[2]]
         for name, left, _ in cols:
-            add_column(t, name, left, wrap=name == "params")
+            add_column(t, name, left, wrap=name == "params", words=name == "params")
         sized_cells = iter(size_cells(int(r["nbytes"]) for r in rs if views[r["benchmark"]].sized))
         for r in rs:
             b = views[r["benchmark"]]
@@ -348,7 +309,7 @@ def analysis_tables(rows, console=None, wide: bool | None = None, say_no_scaling
                     "sizes (B)": f"{fmt_size(int(r['min_nbytes']))}..{fmt_size(int(r['max_nbytes']))} ({r['points']})",
                     "alpha (us)": f"{r['alpha_us']:.3f}", "B (GB/s)": fixed(r["bandwidth_gbps"], 3),
                     "busbw asym (GB/s)": fixed(r["busbw_asymptote_gbps"], 3),
-                    "n_half (B)": fmt_size(int(nh)) if _has(nh) and nh != float("inf") else "-",
+                    "n_half (B)": fmt_size(int(nh)) if is_number(nh) and nh != float("inf") else "-",
                     "rms err (%)": f"{r['rms_rel_err_pct']:.1f}", "max err (%)": f"{r['max_rel_err_pct']:.1f}"}
             t.add_row(*[cell[c[0]] for c in cols])
         print_table(console, t, wide)
@@ -375,46 +336,26 @@ def planted_line(df) -> str | None:
             f"(COMMBENCH_PLANT_POINTS): {', '.join(named[:6])}{more}; not measurements of the code")
 
 
-def report_runs(paths, profile=None) -> None:
-    for p in paths:
-        meta = load_meta(p)
+def print_report(df, runs, view: View = View()) -> None:
+    """`commbench report` in the terminal: a line per run (runs: (path, meta.json) pairs),
+    then the tables of the rows (df, already judged against the profile asked for), the
+    analysis and variant tables, and the warnings."""
+    for p, meta in runs:
         if meta:
             print(f"run {p}: suite {meta.get('suite')} backend {meta.get('backend')} world {meta.get('world')} "
                   f"status {meta.get('status')} hosts {','.join(sorted(set(meta.get('hosts', []))))}; "
                   f"{host_line(meta)}")
-    df = load(paths)
     if df.empty:
         print("no rows")
         return
-    if profile is not None:  # judge the rows against another profile
-        df = rejudge(df, paths, profile)
-    print_tables(df)
-    analysis_tables(df)
-    if "variant" in df and df["variant"].nunique() > 1 and _STYLE == "table":
-        variant_tables(df, None, skipped_variants(load_meta(p) for p in paths))
+    print_tables(df, view=view)
+    analysis_tables(df, view=view)
+    if "variant" in df and df["variant"].nunique() > 1 and view.style == "table":
+        variant_tables(df, None, skipped_variants(meta for _, meta in runs), view=view)
     planted = planted_line(df)
     if planted:
         print(f"warning: {planted}", flush=True)
-    say_warnings(df, sys.stdout)
-
-
-def rejudge(df, paths, profile):
-    """Recompute every row's ceiling fields against `profile`, with each run's node map."""
-    nodes = {name: (load_meta(p) or {}).get("nodes") for name, p in zip(names_for(paths), paths)}
-    return rejudge_rows(df, nodes, profile)
-
-
-def rejudge_rows(df, nodes: dict, profile):
-    """rejudge with the node map of each run given (run name -> node of each rank)."""
-    import pandas as pd
-
-    from commbench.analyse.ceilings import ceiling_for_row
-
-    out = []
-    for r in df.to_dict("records"):
-        nm = nodes.get(str(r.get("run"))) or [0] * int(r["world"])
-        out.append({**r, **ceiling_for_row(profile, r, nm), "profile": profile.name})
-    return pd.DataFrame(out)
+    say_warnings(df, sys.stdout, verbose=view.verbose)
 
 
 def skipped_variants(metas) -> dict:
@@ -428,11 +369,11 @@ def skipped_variants(metas) -> dict:
 
 
 def variant_tables(df, baseline: str | None = None, skipped: dict | None = None, console=None,
-                   wide: bool | None = None) -> None:
+                   wide: bool | None = None, view: View = View()) -> None:
     """The skipped variants, then variant_comparisons as tables, each followed by its
     variants' verdicts."""
     console = console or make_console()
-    wide = _WIDE if wide is None else wide
+    wide = view.wide if wide is None else wide
     plain = not stdout_is_tty()
     for name, why in (skipped or {}).items():
         console.print(f"variant {name}: skipped: {why}", highlight=False, markup=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from commbench.analyse.analysis import presenters
-from commbench.analyse.variants import (
+from commbench.analyse.speedups import (
     MIN_PAIRS,
     judged_from,
     pairing,
@@ -18,7 +18,8 @@ from commbench.analyse.variants import (
 from commbench.analyse.verdicts import CANNOT_JUDGE, NO_CHANGE, changes_algorithm, median_row, untrusted_reason
 from commbench.core.schema import has
 from commbench.core.units import fmt_size
-from commbench.report.viewkit import ALWAYS, COMPACT, WIDE, fixed, size_cells, text
+from commbench.report.fmt import fixed, size_cells, text
+from commbench.report.tables import ALWAYS, COMPACT, WIDE
 
 
 def variant_comparisons(df, baseline: str | None = None) -> list[dict]:

@@ -11,7 +11,8 @@ import sys
 
 from commbench.core.schema import has, params_dict
 from commbench.core.units import fmt_size
-from commbench.report.viewkit import Section, text
+from commbench.report.document import Section
+from commbench.report.fmt import text
 
 # A warning clause -> its kind: (short name for a table cell, the name in the tally). The
 # texts are the harness's and the benchmarks' own; a clause none of these match is named by
@@ -119,21 +120,11 @@ def warnings_section(df) -> Section | None:
                    + ": these rows are not evidence for a verdict", heads, body)
 
 
-# `--verbose` (run, report): every flagged row's warning on a line of its own; by default
-# one tally line ends the output.
-_VERBOSE = False
-
-
-def set_verbose(on: bool) -> None:
-    global _VERBOSE
-    _VERBOSE = bool(on)
-
-
-def say_warnings(rows, file=None) -> None:
-    """The rows' warnings at the end of a run or a report: with --verbose one line a
-    flagged row, then one tally line."""
+def say_warnings(rows, file=None, verbose: bool = False) -> None:
+    """The rows' warnings at the end of a run or a report: verbose (`--verbose`, run and
+    report) one line a flagged row; then one tally line."""
     file = file or sys.stderr
-    lines = warning_lines(rows) if _VERBOSE else []
+    lines = warning_lines(rows) if verbose else []
     tally = warnings_tally(rows)
     for line in lines + ([tally] if tally else []):
         print(line, file=file, flush=True)

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from commbench.core.errors import UsageError
-from commbench.report.compare_view import compare_paths
-from commbench.store.results import RunDir, check_out_dir, new_run_dir
+from commbench.store.disk import check_out_dir
+from commbench.store.record import RunRecord
+from commbench.store.results import new_run_dir
 
 SIDES = ("A", "B")
 # What RUN-ARGS may not hold: ab names each run's directory, and a run it did not make
@@ -113,9 +114,10 @@ def run_args_of(argv: list[str], positionals: list[str]) -> list[str]:
     return argv[argv.index("--") + 1:] if "--" in argv else list(positionals or [])
 
 
-def ab_command(args, argv: list[str], parse_run_args) -> int:
+def ab_command(args, argv: list[str], parse_run_args, compare_paths) -> int:
     """The `ab` subcommand: args as cli parsed them, argv the command line, parse_run_args a
-    function that parses `commbench run` arguments (refusing bad ones)."""
+    function that parses `commbench run` arguments (refusing bad ones), compare_paths
+    `commbench compare`'s flow (commands/compare.py, a layer above this one)."""
     if args.rounds is None or args.rounds < 2:
         raise UsageError(f"ab --rounds must be at least 2 (a side's spread needs two runs), got {args.rounds}")
     envs = {"A": parse_env(args.a_env, "--a-env"), "B": parse_env(args.b_env, "--b-env")}
@@ -149,7 +151,7 @@ def ab_command(args, argv: list[str], parse_run_args) -> int:
     base = [str(out / f"A{r}") for r in range(1, args.rounds + 1)]
     new = [str(out / f"B{r}") for r in range(1, args.rounds + 1)]
     print(f"ab: commbench compare {' '.join(base)} -- {' '.join(new)}", flush=True)
-    return compare(base, new, args)
+    return compare(base, new, args, compare_paths)
 
 
 def run_one(out: Path, side: str, rnd: int, rounds: int, run_args, env: dict, python: tuple[str, str]) -> int:
@@ -188,18 +190,10 @@ def run_one(out: Path, side: str, rnd: int, rounds: int, run_args, env: dict, py
 def record(run_dir: Path, ab: dict) -> None:
     """The side's setting into the run's meta.json (its launch has ended: nobody else writes
     it now); a run that left no meta.json is left as it is."""
-    rd = RunDir(run_dir)
-    if not rd.meta_path.is_file():
-        return
-    try:
-        rd.read_meta()
-    except UsageError:  # a damaged record: the run's own problem, said by compare
-        return
-    rd.meta["ab"] = ab
-    rd.write_meta()
+    RunRecord(run_dir).note_ab(ab)
 
 
-def compare(base: list[str], new: list[str], args) -> int:
+def compare(base: list[str], new: list[str], args, compare_paths) -> int:
     """A1..AN against B1..BN, as `commbench compare` does, with its options."""
     kwargs = {"all_points": False, "csv_out": args.csv}
     if "allow_inconclusive" in inspect.signature(compare_paths).parameters:

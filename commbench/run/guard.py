@@ -24,6 +24,8 @@ The space for that file is taken at start-up, so a full disk cannot silence it.
 
 The launcher: a rank started by `commbench run --np` watches its launcher's pid and ends
 when the launcher is gone (killed with SIGKILL, say), rather than run on as an orphan.
+
+The files' names and the launcher's variables are the launch's contract (run/contract.py).
 """
 from __future__ import annotations
 
@@ -38,6 +40,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from commbench.core.safe_write import LinkRefused, make_dir, open_nofollow, write_atomic
+from commbench.run.contract import (
+    FAILURE_SLOT_NBYTES,
+    HEARTBEAT_S,
+    failure_path,
+    failure_paths,
+    launcher_pid,
+    progress_dir,
+    rank_path,
+    slot_path,
+)
 
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SIGNAL_BASE = 128
@@ -45,9 +57,7 @@ EXIT_PEER_FAILED = 1
 EXIT_LAUNCHER_GONE = 129
 # How often the guardian wakes: failure files, heartbeats and the launcher are looked at
 # this often, so a failure elsewhere ends this rank within about this long.
-POLL_S = 0.5
-# Bytes set aside per rank for its failure file (a JSON line with a one-line cause).
-FAILURE_SLOT_NBYTES = 1024
+POLL_S = HEARTBEAT_S
 # A failing rank lingers this long after writing its failure file, so the others' guardians
 # (polling every 0.5 s) read the cause before a launcher kills them for the failed exit.
 FAILURE_LINGER_S = 1.5
@@ -60,7 +70,7 @@ class Guard:
         self.launch = launch  # failure files of an earlier launch into the same directory are not this one's
         self.timeout_s = float(timeout_s)
         self.on_fatal = on_fatal  # rank 0: (status, reason) -> None, marks meta.json
-        self.progress_dir = Path(run_dir) / ".progress" if run_dir else None
+        self.progress_dir = progress_dir(run_dir) if run_dir else None
         self._lock = threading.Lock()
         self._deadline = None
         self._where = "starting"
@@ -74,8 +84,7 @@ class Guard:
         self.members = world
         self._slot = None  # the failure file's space, taken while the disk still has it
         # Set by spawn_local: the launcher this rank must not outlive.
-        pid = os.environ.get("COMMBENCH_LAUNCHER_PID", "")
-        self.launcher_pid = int(pid) if pid.isdigit() and int(pid) > 1 else None
+        self.launcher_pid = launcher_pid()
 
     # --- main thread ---------------------------------------------------------------
     def start(self) -> None:
@@ -86,7 +95,7 @@ class Guard:
                 self.progress_dir = None
         if self.progress_dir is not None:
             try:
-                self._slot = write_atomic(self.progress_dir / f".slot-{self.rank}", b" " * FAILURE_SLOT_NBYTES)
+                self._slot = write_atomic(slot_path(self.progress_dir, self.rank), b" " * FAILURE_SLOT_NBYTES)
             except OSError:
                 pass
         # The C-level handler writes the signal number to the pipe even while the main
@@ -151,7 +160,7 @@ class Guard:
         if self.progress_dir is None:
             return False
         data = json.dumps({"rank": self.rank, "reason": reason[:FAILURE_SLOT_NBYTES - 100]}).encode()
-        final = self.progress_dir / f"failed-{self.launch}-rank-{self.rank}"
+        final = failure_path(self.progress_dir, self.launch, self.rank)
         try:
             write_atomic(final, data)
         except OSError:
@@ -171,7 +180,7 @@ class Guard:
         """(rank, reason) of another rank's failure in this launch, if one was reported."""
         if self.progress_dir is None:
             return None
-        for f in sorted(self.progress_dir.glob(f"failed-{self.launch}-rank-*")):
+        for f in failure_paths(self.progress_dir, self.launch):
             try:
                 d = json.loads(f.read_text())
             except (OSError, ValueError):
@@ -185,7 +194,7 @@ class Guard:
         if self.progress_dir is None:
             return
         try:
-            write_atomic(self.progress_dir / f"rank-{self.rank}",
+            write_atomic(rank_path(self.progress_dir, self.rank),
                          json.dumps({"step": self._step, "where": where, "time": time.time(), "pid": os.getpid()}))
         except OSError:
             pass
@@ -194,7 +203,7 @@ class Guard:
         if self.progress_dir is None:
             return
         try:
-            os.utime(self.progress_dir / f"rank-{self.rank}", follow_symlinks=False)
+            os.utime(rank_path(self.progress_dir, self.rank), follow_symlinks=False)
         except OSError:
             pass
 
@@ -207,7 +216,7 @@ class Guard:
             if r == self.rank:
                 continue
             try:
-                if now - (self.progress_dir / f"rank-{r}").stat().st_mtime > stale_s:
+                if now - rank_path(self.progress_dir, r).stat().st_mtime > stale_s:
                     out.append(r)
             except OSError:
                 out.append(r)
@@ -240,7 +249,7 @@ class Guard:
         late = []
         for r in range(min(self.members, self.world)):
             try:
-                step = json.loads((self.progress_dir / f"rank-{r}").read_text())["step"]
+                step = json.loads(rank_path(self.progress_dir, r).read_text())["step"]
             except (OSError, ValueError, KeyError):
                 late.append(r)
                 continue

@@ -10,8 +10,9 @@ from pathlib import Path
 from commbench.benchmarks import get
 from commbench.core.errors import UsageError
 from commbench.core.units import INT_MAX, fmt_size
+from commbench.core.whoami import local_ranks
 
-from . import launch, plant
+from . import plant
 
 # A rough rate for the time estimate of --dry-run: the order of a shared-memory copy; a real
 # fabric is faster, so the estimate errs long. The latency is the order of an MPI call.
@@ -84,7 +85,7 @@ def plan(cfg, points: list, world: int, device: str, check_counts: bool = False)
         out.append({"point": p, "mem_nbytes": mem, "est_s": point_seconds(cfg, p)})
     if device == "cpu" and out:
         avail = _mem_available_nbytes()
-        local = launch.local_ranks(world)
+        local = local_ranks(world)
         # A point holds buffers on its own ranks only: a 2-rank point of a 4-rank launch, 2.
         here = {id(r): min(local, world, r["point"].world) for r in out}
         big = max(out, key=lambda r: r["mem_nbytes"] * here[id(r)])

@@ -10,10 +10,14 @@ from pathlib import Path
 from commbench.backends import BACKEND_DTYPES
 from commbench.core.errors import UsageError
 from commbench.core.schema import point_key
-from commbench.run import launch, plan, plant, runner, suite
-from commbench.run.launch_variants import resume_variants
+from commbench.core.whoami import detect
+from commbench.run import contract, launcher, plan, plant, rank_run, suite
+from commbench.run.launcher_variants import resume_variants
+from commbench.run.spec import RunSpec, from_saved
 from commbench.run.variants import plan as plan_variants
-from commbench.store.results import RunDir, RunLock, check_out_dir, held_by_my_launcher, hold_for_launch, load_meta
+from commbench.store.disk import check_out_dir
+from commbench.store.lock import RunLock
+from commbench.store.results import RunDir, load_meta
 
 # What a run measures and how: with --resume, the run's own values hold, and a flag that
 # would change them is refused rather than ignored (rows of one run measured two ways).
@@ -46,12 +50,11 @@ def resume_conflicts(args, meta: dict) -> list[str]:
     return out
 
 
-def print_resume_plan(cfg, meta: dict, variants: list[str], world: int, run_dir) -> int:
+def print_resume_plan(spec: RunSpec, points: list, variants: list[str], run_dir) -> int:
     """--resume --dry-run: the points the resume would run, and nothing run or written. In a
     `--repeat N` run each repeat of a point is a point of its own (as the resume counts
     them): one measured in repeat 1 alone is still to run in the others."""
-    points, _ = suite.expand(cfg, world, BACKEND_DTYPES[meta["backend"]])
-    repeat = max(1, int(meta.get("repeat") or 1))
+    cfg, world, repeat = spec.config, spec.world, spec.repeat
     # A point's placement needs a communicator to ask; within one run a point and its
     # variant name it once, so the key without it says whether it was measured.
 
@@ -63,14 +66,14 @@ def print_resume_plan(cfg, meta: dict, variants: list[str], world: int, run_dir)
             if bare(v, p, rep) not in done]
     total = len(points) * max(1, len(variants)) * repeat
     missing = sorted({rep for _, rep in todo})
-    if launch.detect().rank == 0:
+    if detect().rank == 0:
         print(f"resume (dry run, nothing runs): {total - len(todo)} of {total} points already in {run_dir}, "
               f"{len(todo)} to run" + (f" (variants {', '.join(variants)})" if variants != ["default"] else "")
               + (f" (repeat{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {repeat})"
                  if repeat > 1 and missing else ""))
         if todo:
-            plan.print_plan(cfg, plan.plan(cfg, [p for p, _ in todo], world, meta.get("device") or "cpu",
-                                           check_counts=meta["backend"] == "mpi"), world, meta["backend"])
+            plan.print_plan(cfg, plan.plan(cfg, [p for p, _ in todo], world, spec.device,
+                                           check_counts=spec.backend == "mpi"), world, spec.backend)
     return 0
 
 
@@ -99,14 +102,14 @@ def _setting(v) -> str:
         else str(v)
 
 
-def config_of_run(args):
-    """The suite, backend and launch shape of the run to continue, from its meta.json."""
+def spec_of_run(args) -> tuple[RunSpec, dict]:
+    """The spec of the run to continue (from its meta.json), and its record."""
     d = Path(args.resume)
     meta = load_meta(d) if d.is_dir() else {}
     if meta.get("imported_from") or meta.get("source_format"):
         raise UsageError(f"--resume {d}: an imported run (from {meta.get('source') or meta.get('source_format')}), "
                          f"not one commbench measured: nothing to resume")
-    holder = RunLock(d).busy() if d.is_dir() and not held_by_my_launcher(d) else None
+    holder = RunLock(d).busy() if d.is_dir() and not contract.held_by_my_launcher(d) else None
     if holder:
         raise UsageError(f"--resume {d}: the run is still running ({holder}); a run has one writer at a time")
     if not meta or not (d / "rows.jsonl").is_file():
@@ -120,25 +123,23 @@ def config_of_run(args):
         raise UsageError(f"--resume {d} continues the run with its own settings: drop {given[0]}, or start a "
                          f"new run to measure with it")
     try:
-        cfg = suite.config_from_saved(meta.get("config") or {}, {"timeout_s": args.timeout_s})
+        spec = from_saved(d, args.timeout_s)
     except UsageError as e:
         raise UsageError(f"--resume {d}: {e}") from None
-    return cfg, meta
+    return spec, meta
 
 
 def resume_run(args, argv: list[str], strip_np) -> int:
     """`run --resume DIR`: the unfinished variants of the run, each in its own launch under
     `--np`, or this launch's one under an external launcher."""
-    cfg, meta = config_of_run(args)
-    backend, device = meta["backend"], meta.get("device")
-    info = launch.detect()
-    world = args.np if args.np is not None else info.world
-    if world != meta.get("world"):
-        raise UsageError(f"--resume {args.resume}: the run had {meta.get('world')} ranks, this launch has {world}")
+    spec, meta = spec_of_run(args)
+    world = args.np if args.np is not None else detect().world
+    if world != spec.world:
+        raise UsageError(f"--resume {args.resume}: the run had {spec.world} ranks, this launch has {world}")
     plant.setting()  # a planted slowdown that cannot be is refused before any rank starts
     # A run of several variants resumes each unfinished one in its own launch.
     done = {n for n, v in (meta.get("variants") or {}).items() if v.get("status") in ("complete", "skipped")}
-    planned = plan_variants(cfg, backend, device or "cpu").names
+    planned = plan_variants(spec.config, spec.backend, spec.device).names
     if args.variant is not None:
         has = list(dict.fromkeys(planned + list(meta.get("variants") or {})))
         if args.variant not in has:  # it would run that variant and leave the missing points missing
@@ -147,17 +148,17 @@ def resume_run(args, argv: list[str], strip_np) -> int:
         todo = [args.variant]
     else:
         todo = [n for n in planned if n not in done]
-    if args.dry_run:
-        return print_resume_plan(cfg, meta, todo, world, args.resume)
-    if args.np is not None:
-        launch.check_local_ranks(args.np)
-        plan.say_warnings(cfg, suite.expand(cfg, world, BACKEND_DTYPES[backend])[0])  # a planted slowdown
-        lock = hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
-        return resume_variants(cfg, todo, args.np, backend, strip_np(argv) + ["--backend", backend], args.resume,
-                               one_named=args.variant is not None)
-    if len(todo) > 1:
+    if args.np is None and len(todo) > 1 and not args.dry_run:
         raise UsageError(f"--resume {args.resume}: {len(todo)} variants are unfinished ({', '.join(todo)}): "
                          f"resume one per launch with --variant NAME")
-    return runner.run(cfg, backend, device, args.resume, argv, meta.get("ranks_per_node"),
-                      meta.get("profile_overrides") or {}, resume=True, variant=todo[0] if todo else "default",
-                      repeat=int(meta.get("repeat") or 1))
+    points, notes = suite.expand(spec.config, world, BACKEND_DTYPES[spec.backend])  # once in this process
+    if args.dry_run:
+        return print_resume_plan(spec, points, todo, args.resume)
+    if args.np is not None:
+        launcher.check_local_ranks(args.np)
+        plan.say_warnings(spec.config, points)  # a planted slowdown
+        lock = contract.hold_for_launch(args.resume)  # noqa: F841 -- held until this launcher exits
+        return resume_variants(spec.config, todo, args.np, spec.backend,
+                               strip_np(argv) + ["--backend", spec.backend], args.resume,
+                               one_named=args.variant is not None)
+    return rank_run.run(spec, points, notes, argv, variant=todo[0] if todo else "default", resume=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from commbench.backends import BACKENDS
 from commbench.benchmarks import Point, get
 from commbench.core.errors import UsageError
-from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, parse_size, size_range
+from commbench.core.units import DTYPE_NBYTES, check_dtype, fmt_size, sweep_sizes
 from commbench.core.user_files import read_user_text
 from commbench.run.variants import check_baseline, of_config, parse_suite_variants
 
@@ -96,16 +96,31 @@ def _worlds(v, key, suite):
     return tuple(sorted(set(w)))
 
 
-def _sizes(s, key, suite):
+@dataclass(frozen=True)
+class Sizes:
+    """A sweep's message sizes in bytes, parsed once when the config is built. from_range:
+    a size that a point cannot split evenly is rounded down (nccl-tests' -b/-e/-f); a size
+    listed by name is refused instead."""
+
+    nbytes: tuple[int, ...]
+    from_range: bool
+
+
+def _sizes(s, key, suite) -> Sizes:
+    if isinstance(s, Sizes):  # a run's own, saved (saved_table)
+        if not s.nbytes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in s.nbytes):
+            _fail(key, "positive sizes in bytes", list(s.nbytes))
+        return s
     if isinstance(s, dict):
         if set(s) - {"min", "max", "factor"} or not {"min", "max"} <= set(s):
             raise UsageError(f"suite key 'sizes' table needs min and max (and optional factor), got {sorted(s)}")
-        return dict(s)
-    if isinstance(s, (list, tuple)):
+    elif isinstance(s, (list, tuple)):
         if not s:
             raise UsageError("suite key 'sizes' is an empty list: nothing to sweep")
-        return list(s)
-    return _fail(key, "a {min, max, factor} table or a list", s)
+    else:
+        _fail(key, "a {min, max, factor} table or a list", s)
+    nbytes, from_range = sweep_sizes(s)
+    return Sizes(tuple(nbytes), from_range)
 
 
 def _params(v, key, suite):
@@ -140,8 +155,8 @@ class SuiteConfig:
     description: str = _key("", "what the suite measures", lambda v, k, s: str(v))
     benchmarks: tuple = _key((), "benchmark names to run (a name given twice runs once)",
                              _names("a list of names", False, dedupe=True))
-    sizes: object = _key(help="{min, max, factor} or a list of sizes (K/M/G binary suffixes)", check=_sizes,
-                         factory=lambda: {"min": "8", "max": "4M", "factor": 2})
+    sizes: Sizes = _key(help="{min, max, factor} or a list of sizes (K/M/G binary suffixes)", check=_sizes,
+                        factory=lambda: _sizes({"min": "8", "max": "4M", "factor": 2}, "sizes", ""))
     dtypes: tuple = _key(("float32",), "element types", _names("a non-empty list", True, check_dtype))
     worlds: tuple | None = _key(None, "rank counts swept inside one launch (default: 2, 4, 8, ... up to the launch)",
                                 _worlds)
@@ -185,7 +200,7 @@ class SuiteConfig:
 
     @property
     def explicit_sizes(self) -> bool:
-        return isinstance(self.sizes, (list, tuple))
+        return not self.sizes.from_range
 
 
 def _keyed_fields() -> dict:
@@ -276,9 +291,10 @@ def read_suite(name: str | None) -> dict:
     return raw
 
 
-def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
+def build_config(raw: dict, overrides: dict | None = None, param_args: list[str] | None = None) -> SuiteConfig:
     """Validate a suite table (keys as in the file); CLI overrides (by field name) win over
-    its fields; override params are merged into the suite's per benchmark."""
+    its fields; override params, and --param words (param_args, read once the benchmarks
+    are known), are merged into the suite's per benchmark."""
     raw = dict(raw)
     name = raw.pop("name", "adhoc")
     keyed = _keyed_fields()
@@ -294,11 +310,12 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
         if value is not None:
             kw[f.name] = f.metadata["check"](value, key, name)
     params = kw.setdefault("params", {})
-    for bench, kv in (overrides.get("params") or {}).items():
+    given = parse_params(param_args, kw["benchmarks"]) if param_args and kw.get("benchmarks") else {}
+    for bench, kv in [*(overrides.get("params") or {}).items(), *given.items()]:
         params.setdefault(bench, {}).update(kv)
     cfg = SuiteConfig(**kw)
 
-    resolve_variants(cfg)
+    of_config(cfg)  # its variants: known, unique, non-empty names
     check_baseline(cfg)
     if not cfg.benchmarks:
         raise UsageError(f"suite {name}: no benchmarks to run (set 'benchmarks' or pass -b)")
@@ -307,20 +324,24 @@ def build_config(raw: dict, overrides: dict | None = None) -> SuiteConfig:
     return cfg
 
 
-def config_from_saved(saved: dict, overrides: dict | None = None) -> SuiteConfig:
-    """The config a run was measured with (meta.json's `config`, written as dataclass fields)
-    through the same checks as a new run's: a hand-edited or truncated meta.json is refused
-    in one line, never taken as it stands."""
+def saved_table(saved: dict) -> dict:
+    """A config as a run saved it (dataclass fields: meta.json's `config`, a spec's) back
+    into a suite table, for build_config to check as it checks a new run's: a hand-edited or
+    truncated meta.json is refused in one line, never taken as it stands."""
     if not isinstance(saved, dict) or not saved:
         raise UsageError("the run's meta.json holds no config")
     raw = {key: saved[f.name] for key, f in _keyed_fields().items() if saved.get(f.name) is not None}
+    sizes = raw.get("sizes")
+    if isinstance(sizes, dict) and set(sizes) == {"nbytes", "from_range"} and isinstance(sizes["nbytes"], list) \
+            and isinstance(sizes["from_range"], bool):
+        raw["sizes"] = Sizes(tuple(sizes["nbytes"]), sizes["from_range"])
     raw["name"] = saved.get("name") or "adhoc"
     if isinstance(raw.get("variant"), dict):
         # Saved as the variants' fields, their name among them, which a suite file gives as
         # the table's name: dropped where it is that name (another name stays, and is refused).
         raw["variant"] = {n: {k: x for k, x in d.items() if (k, x) != ("name", n)} if isinstance(d, dict) else d
                           for n, d in raw["variant"].items()}
-    return build_config(raw, overrides)
+    return raw
 
 
 def _value(text: str):
@@ -354,36 +375,6 @@ def parse_params(items: list[str], benchmarks: tuple) -> dict:
         for b in targets:
             out.setdefault(b, {})[key] = value
     return out
-
-
-def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
-    """What the chosen backend and device cannot run, refused before any rank starts."""
-
-    if device == "cuda":
-        host_only = [b for b in cfg.benchmarks if backend in get(b).host_only_on]
-        if host_only:
-            raise UsageError(f"{host_only[0]} packs rows on the host on {backend}: CPU buffers only there "
-                             f"(on GPUs, --backend nccl runs it on the device)")
-    for name in cfg.benchmarks:
-        why = get(name).refusal(backend, device, cfg.params.get(name, {}))
-        if why:
-            raise UsageError(why)
-    if cfg.cuda_graph and backend != "nccl":
-        raise UsageError("--cuda-graph needs the nccl backend: MPI and gloo calls run on the host, where a CUDA graph "
-                         "cannot capture them")
-
-
-def resolve_variants(cfg: SuiteConfig):
-    """The suite's Variant objects (validated: known, unique, non-empty names)."""
-
-    return of_config(cfg)
-
-
-def resolve_sizes(cfg: SuiteConfig) -> list[int]:
-    if cfg.explicit_sizes:
-        return sorted({parse_size(s) for s in cfg.sizes})
-    s = cfg.sizes
-    return size_range(parse_size(s["min"]), parse_size(s["max"]), s.get("factor", 2))
 
 
 def resolve_worlds(cfg: SuiteConfig, launched: int) -> list[int]:
@@ -441,7 +432,7 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
     for d in cfg.dtypes:
         if d not in backend_dtypes:
             raise UsageError(f"dtype {d} is not supported by this backend (it has: {', '.join(backend_dtypes)})")
-    sizes = resolve_sizes(cfg)
+    sizes = cfg.sizes.nbytes
     worlds = resolve_worlds(cfg, launched)
     placements = placements_of(cfg)
     points, notes, seen = [], [], set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from commbench.analyse.variants import pick_baseline
+from commbench.analyse.speedups import pick_baseline
 from commbench.backends import BACKENDS
 from commbench.core.errors import UsageError
 

@@ -6,21 +6,13 @@ launch into the run (a run of N launches holds 2N):
      "unix_s": time.time() when measured, "cpu_loop_us": float, "pingpong_us": float | None,
      "method": one line}
 
-Runs without it (older runs, imports) read as having none."""
+Runs without it (older runs, imports) read as having none. The run's record writes them
+(RunRecord.add_control); this module reads them."""
 from __future__ import annotations
 
 import math
 
-from commbench.store.results import RunDir
-
 WHEN = ("start", "end")
-
-
-def add_control(run_dir: RunDir, entry: dict) -> None:
-    """Append one entry to the run's meta (held by its writer, rank 0) and write it now: a
-    launch that dies in its sweep keeps the measurement of its start."""
-    run_dir.meta.setdefault("controls", []).append(dict(entry))
-    run_dir.write_meta()
 
 
 def _number(v) -> bool:

@@ -44,6 +44,7 @@ import numpy as np
 
 from commbench import moe as M
 from commbench.core.errors import UsageError
+from commbench.moe.shape import DEEPSEEK_V3
 
 from ..base import Benchmark, Param, Traffic, register
 from .device import DevicePath
@@ -95,11 +96,12 @@ class MoE(Benchmark):
     min_world = 1
     host_only_on = ("mpi",)  # the host path needs CPU buffers; torch backends run the device path
     params = {
-        "tokens": Param(4096, "tokens per rank", int, minimum=1),
-        "hidden": Param(7168, "hidden size H", int, minimum=1),
-        "experts": Param(256, "routed experts E", int, minimum=1),
-        "topk": Param(8, "experts per token K", int, minimum=1),
-        "dispatch_dtype": Param("fp8", "fp8 (H + H/32 bytes) or bf16 (2H)", str, choices=("fp8", "bf16")),
+        "tokens": Param(DEEPSEEK_V3.tokens, "tokens per rank", int, minimum=1),
+        "hidden": Param(DEEPSEEK_V3.hidden, "hidden size H", int, minimum=1),
+        "experts": Param(DEEPSEEK_V3.experts, "routed experts E", int, minimum=1),
+        "topk": Param(DEEPSEEK_V3.topk, "experts per token K", int, minimum=1),
+        "dispatch_dtype": Param(DEEPSEEK_V3.dispatch_dtype, "fp8 (H + H/32 bytes) or bf16 (2H)", str,
+                                choices=("fp8", "bf16")),
         "combine_dtype": Param("bf16", "combine payload", str, choices=("bf16",)),
         "copies": Param("rank", "rank: one copy per destination rank (DeepEP normal); "
                         "expert: one per (token, expert) (Megatron all-to-all)", str, choices=("rank", "expert")),
@@ -107,7 +109,7 @@ class MoE(Benchmark):
                          choices=tuple(M.ROUTINGS)),
         "alpha": Param(1.0, "zipf exponent (skew)", float, minimum=0.0),
         "ratio": Param(2.0, "hot_rank: the hot rank's experts are this many times as likely", float, minimum=1.0),
-        "max_groups": Param(4, "group_limited: groups a token may reach (M)", int, minimum=1),
+        "max_groups": Param(DEEPSEEK_V3.max_groups, "group_limited: groups a token may reach (M)", int, minimum=1),
         "groups": Param(0, "group_limited: expert groups (0: one per rank)", int, minimum=0),
         "seed": Param(0, "routing seed", int, minimum=0),
         "mode": Param("normal", "normal: counts exchanged, split sizes synced to the host (DeepEP normal, Megatron); "
@@ -123,7 +125,8 @@ class MoE(Benchmark):
     stages = 2
 
     # --- presentation: the point's shape and weak scaling's measure live here; the table,
-    # figures and report section are the report layer's (report/moe_view.py) ---
+    # figures and report section are the report layer's view "moe" (report/moe_view.py) ---
+    view = "moe"
     collective_rows = False  # two stages of a routed all-to-all whose bytes follow the routing
 
     def describe(self, params):

@@ -38,7 +38,8 @@ from pathlib import Path
 from commbench.core.errors import UsageError
 from commbench.core.user_files import IMPORT_MAX_NBYTES, check_user_file
 
-from ..results import RunDir, Status
+from ..record import Status
+from ..results import RunDir
 from .nccl_json import parse_nccl_json
 from .nccl_tests import parse_nccl_stdout
 from .osu import osu_title, parse_osu
@@ -217,7 +218,7 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
     if run.rows_path.exists() or run.meta_path.exists():
         raise UsageError(f"{run.dir} already holds a run: choose another --out")
     created = not run.dir.exists()
-    run.open({"status": Status.RUNNING.value, "command": ["commbench", "import", *map(str, paths)],
+    run.open({"command": ["commbench", "import", *map(str, paths)],
               "imported_from": [str(Path(p).resolve()) for p in paths]})
     keys: set[str] = set()
     benches: set[str] = set()
@@ -250,12 +251,11 @@ def import_to_run(paths, out=None, fmt: str | None = None, world: int | None = N
     meta["command"] = ["commbench", "import", *map(str, paths)]
     meta["points"] = len(keys)
     meta["benchmarks"] = sorted(benches)
-    run.meta = {**meta, "status": Status.RUNNING.value}
+    run.record.begin(meta)
     try:
         run.finish(Status.COMPLETE)
     except KeyboardInterrupt:
-        run.set_status(Status.INTERRUPTED, f"interrupted while writing results.csv; rows.jsonl holds all "
-                                           f"{len(keys)} rows")
+        run.record.interrupted(f"interrupted while writing results.csv; rows.jsonl holds all {len(keys)} rows")
         raise
     return run.dir, meta
 

@@ -8,7 +8,7 @@ import re
 
 from commbench.core.stats import summarize_us
 
-from ..results import ENV_PREFIXES
+from ..provenance import ENV_PREFIXES
 from .nccl_tests import _NCCL_DTYPES, NCCL_TIME_MEASURED, _nccl_params, _nccl_version
 from .rows import benchmark_name, check_status, err, make_row, name_from_filename, quote, run_meta
 

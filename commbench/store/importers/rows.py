@@ -14,7 +14,8 @@ from commbench.core.errors import UsageError
 from commbench.core.schema import SCHEMA_VERSION, placement_of, point_key
 from commbench.core.stats import bandwidths_gbps
 from commbench.core.whoami import node_ids
-from commbench.store.results import RunDir, Status, new_run_dir
+from commbench.store.record import Status
+from commbench.store.results import RunDir, new_run_dir
 
 SOURCE_NAMES = {"nccl-tests": "nccl-tests stdout", "nccl-tests-json": "nccl-tests JSON", "osu": "OSU stdout"}
 
@@ -218,7 +219,6 @@ def run_meta(fmt, path, nrows, hosts, gpus, world, backend, device, versions, en
         "schema": SCHEMA_VERSION,
         "command": ["commbench", "import", str(path)],
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "status": Status.COMPLETE.value,
         "host": hosts[0] if hosts else None,
         "versions": versions,
         "env": env,
@@ -273,7 +273,7 @@ def write_imported_run(rows: list[dict], meta: dict, out_dir) -> Path:
     run = RunDir(out_dir)
     if run.rows_path.exists() or run.meta_path.exists():
         raise UsageError(f"{run.dir} already holds a run: choose another --out")
-    run.open({**meta, "status": Status.RUNNING.value, "points": len(rows)})
+    run.open({**meta, "points": len(rows)})
     for r in rows:
         run.append(r)
     run.finish(Status.COMPLETE)

@@ -1,0 +1,239 @@
+"""The what-if model against published measurements (docs/model.md): NCCL's algorithms as
+NCCL runs them, the per-profile efficiency and fixed-cost terms, the shipped table of
+published figures and `commbench model --against`."""
+import math
+
+import pytest
+
+from commbench.analyse import model as md
+from commbench.analyse import model_check as mc
+from commbench.analyse.profiles import list_profiles, load_profile, parse_profile_text
+from commbench.core.errors import UsageError
+from commbench.moe import accounting as acc
+from conftest import ROOT, run_cli
+
+GiB = 1 << 30
+
+
+def us(seconds):
+    return seconds * 1e6
+
+
+# 8-GPU nodes: ring busbw 370 GB/s on NVLink, 48 GB/s NICs, no latency, NVLS 480 busbw on 8.
+HGX = md.Fabric(md.Tier("scaleup", 0.0, 370.0), md.Tier("scaleout", 0.0, 48.0), 8,
+                terms=md.Terms(inswitch_algbw_gbps=480 * 8 / 14))
+
+
+# ------------------------------------------------------------------ the shipped table
+
+def test_every_held_out_figure_in_the_shipped_table_is_within_1_5x():
+    checked = mc.check(mc.load_table(mc.default_table()))
+    held = [c for c in checked if c["use"] == "held-out"]
+    assert len(held) >= 30
+    missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
+    assert not missed, missed
+    s = mc.summary(checked)
+    assert set(s["medians"]) == set(mc.GROUPS)  # every group has held-out rows
+    for g, m in s["medians"].items():
+        assert 0.85 <= m <= 1.15, (g, m)
+    assert s["ok"]
+
+
+def test_the_figures_the_model_was_first_held_to_stay_in_the_table():
+    rows = mc.load_table(mc.default_table())
+    have = {(r["profile"], r["measure"], r["world"], r.get("stage"), r["published"]) for r in rows}
+    want = [("h800-hgx", "deepep_nvl_GBps", 8, "dispatch", 153), ("h800-hgx", "deepep_nvl_GBps", 8, "combine", 158),
+            ("h800-hgx", "deepep_rdma_GBps", 16, "dispatch", 43), ("h800-hgx", "deepep_rdma_GBps", 32, "dispatch", 58),
+            ("h800-hgx", "deepep_rdma_GBps", 64, "dispatch", 51),
+            ("h800-hgx", "time_us", 8, "dispatch", 77), ("h800-hgx", "time_us", 8, "combine", 114),
+            ("h100-hgx", "busbw_GBps", 8, None, 480), ("h800-hgx", "busbw_GBps", 8, None, 215),
+            ("h100-hgx", "busbw_GBps", 16, None, 441)]
+    want += [("h800-hgx", "time_us", ep, "dispatch", us_) for ep, us_ in ((16, 118), (256, 194))]
+    want += [("h800-hgx", "time_us", ep, "combine", us_) for ep, us_ in ((16, 195), (128, 369))]
+    assert [w for w in want if w not in have] == []
+    assert all(r["source"].startswith("https://") for r in rows)
+
+
+def test_byte_definitions_are_the_sources_own():
+    # nccl-tests: busbw = algbw x 2(n-1)/n, so t = S x 2(n-1)/n / busbw
+    r = {"measure": "busbw_GBps", "world": 16, "nbytes": 8 * GiB, "published": 441}
+    assert mc.published_time_us(r) == pytest.approx(8 * GiB * 2 * 15 / 16 / 441e3)
+    # DeepEP intranode: every row a rank receives, its own rank's too: P T q(E, E/P, K) rows
+    r = {"measure": "deepep_nvl_GBps", "world": 8, "tokens": 4096, "stage": "dispatch", "published": 153}
+    rows = 8 * 4096 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert mc.published_time_us(r) == pytest.approx(rows * 7392 / 153e3)
+    # DeepEP internode: tokens x distinct nodes, the own node included ("logical" RDMA bytes);
+    # at EP32 all 4 groups are picked and 8 uniform experts hit 4 q(256, 64, 8) = 3.61 nodes
+    r = {"measure": "deepep_rdma_GBps", "world": 32, "tokens": 4096, "stage": "combine", "published": 57}
+    nodes = 4 * (1 - math.comb(192, 8) / math.comb(256, 8))
+    assert nodes == pytest.approx(3.614, abs=1e-3)
+    assert mc.published_time_us(r) == pytest.approx(4096 * nodes * 2 * 7168 / 57e3)
+    assert mc.expected_groups_hit(256, 4, 8, 4) == pytest.approx(4 * acc.q_at_least_one(256, 64, 8))
+    assert mc.expected_groups_hit(256, 2, 8, 2) == pytest.approx(2 * acc.q_at_least_one(256, 128, 8))
+    # at EP64 (8 nodes) the 4 groups with the best expert are picked first, then the top 8 of
+    # them: a token reaches min(4, D_8) nodes, D_8 the nodes among the 8 best of all 256
+    r = {"measure": "deepep_rdma_GBps", "world": 64, "tokens": 4096, "stage": "dispatch", "published": 51}
+    assert mc.expected_groups_hit(256, 8, 8, 4) == pytest.approx(3.983, abs=0.002)
+    assert mc.published_bytes(r) == pytest.approx(4096 * mc.expected_groups_hit(256, 8, 8, 4) * 7392)
+
+
+def test_group_limited_routing_matches_a_simulation_of_deepeps_test():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    T, E, N, K, M = 20000, 256, 8, 8, 4
+    s = np.abs(rng.standard_normal((T, E))) + 1
+    best = s.reshape(T, N, -1).max(axis=2)
+    chosen = np.argsort(-best, axis=1)[:, :M]
+    keep = np.zeros((T, N), bool)
+    np.put_along_axis(keep, chosen, True, axis=1)
+    masked = np.where(np.repeat(keep, E // N, axis=1), s, 0)
+    top = np.argsort(-masked, axis=1)[:, :K] // (E // N)
+    hit = np.mean([len(set(row)) for row in top])
+    assert hit == pytest.approx(mc.expected_groups_hit(E, N, K, M), abs=0.01)
+
+
+# ------------------------------------------------------------------ all_reduce as NCCL runs it
+
+def test_rings_across_nodes_run_rail_parallel():
+    # 2 nodes x 8: the ring crosses at min(370, 8 x 48 = 384): NVLink decides, not one NIC
+    d = md.all_reduce_detail("ring", 16, GiB, HGX)
+    assert d["time_us"] == pytest.approx(2 * 15 / 16 * GiB / 370e3)
+    assert d["bound"] == "NVLink-bound"
+    # 2 rails only: min(370, 96)
+    two = md.Fabric(HGX.scaleup, HGX.scaleout, 8, terms=md.Terms(rails=2))
+    d = md.all_reduce_detail("ring", 16, GiB, two)
+    assert d["time_us"] == pytest.approx(2 * 15 / 16 * GiB / 96e3) and d["bound"] == "NIC-bound"
+
+
+def test_nvls_runs_at_the_in_switch_rate_with_a_ramp_and_no_gain_at_4_gpus_or_fewer():
+    A = 480 * 8 / 14  # S/t NVLS reaches, whatever p (NVIDIA/nccl#1455: algbw 258-273 at 5-8)
+    assert md.all_reduce_time_us("inswitch", 8, 4 * GiB, HGX) == pytest.approx(4 * GiB / (A * 1e3))
+    assert md.all_reduce_time_us("inswitch", 6, 4 * GiB, HGX) == pytest.approx(4 * GiB / (A * 1e3))
+    for p in (2, 3, 4):  # NCCL: 365-370 busbw for NVLS and ring alike
+        assert md.all_reduce_time_us("inswitch", p, 4 * GiB, HGX) == md.all_reduce_time_us("ring", p, 4 * GiB, HGX)
+        assert "4 GPUs" in md.nvls_usable(p, HGX)
+    ramp = md.Fabric(HGX.scaleup, HGX.scaleout, 8, terms=md.Terms(inswitch_algbw_gbps=A,
+                                                                  inswitch_ramp_nbytes_per_gpu=3 << 20))
+    assert md.all_reduce_time_us("inswitch", 8, GiB, ramp) == pytest.approx((GiB + 8 * (3 << 20)) / (A * 1e3))
+
+
+def test_nvlstree_overlaps_its_phases_and_halves_the_network_above_two_domains():
+    S = 8 * GiB
+    A = 480 * 8 / 14
+    two = md.all_reduce_detail("inswitch", 16, S, HGX)
+    assert two["nccl"] == "NVLSTree"
+    # NCCL tuning.cc: the network at 5/6 of bwInter, halved above two nodes
+    assert two["time_us"] == pytest.approx(max(S / (A * 1e3), 1.2 * S / (8 * 48e3)))  # not the sum
+    four = md.all_reduce_detail("inswitch", 32, S, HGX)
+    assert four["time_us"] == pytest.approx(max(S / (A * 1e3), 2.4 * S / (8 * 48e3)))
+    assert four["bound"] == "NIC-bound"
+    # which is why NCCL runs a ring at large sizes above two nodes (NVIDIA/nccl#1221: 4 nodes,
+    # the same busbw with NVLS on or off)
+    assert md.nccl_pick(32, S, HGX)["nccl"] == "Ring"
+
+
+def test_nccl_pick_names_the_algorithm_and_why():
+    pick = md.nccl_pick(16, 8 * GiB, HGX)
+    assert pick["nccl"] == "NVLSTree" and "fastest" in pick["why"] and "Ring" in pick["why"]
+    a100 = md.fabric_from_profile(load_profile("a100-hgx"))
+    pick = md.nccl_pick(8, GiB, a100)
+    assert pick["nccl"] in ("Ring", "Tree") and "NVLS not offered: no in-switch rate" in pick["why"]
+    assert md.nccl_pick(4, GiB, HGX)["why"].endswith("(NVIDIA/nccl#1455)")
+
+
+# ------------------------------------------------------------------ MoE terms
+
+def test_moe_efficiencies_and_the_low_latency_fixed_cost():
+    t = md.Terms(moe_nic_efficiency=0.5, moe_nvl_efficiency=0.8, moe_nvl_falloff=0.5, moe_ll_fixed_us=30.0)
+    f = md.Fabric(md.Tier("scaleup", 0.0, 100.0), md.Tier("scaleout", 0.0, 10.0), 64, terms=t)
+    assert md.moe_nvl_efficiency(8, t) == 0.8 and md.moe_nvl_efficiency(32, t) == pytest.approx(0.2)
+    d = md.moe_time_us("flat", 128, 7168, 7392, 256, 8, 128, 64, 4, f)
+    assert d["nic_us"] == pytest.approx(d["v_nic_nbytes"] / (10 * 0.5 * 1e3))
+    assert d["nvl_us"] == pytest.approx(d["v_nvl_nbytes"] / (100 * 0.1 * 1e3))  # 64 a rack: 3 halvings
+    ll = md.moe_time_us("flat", 128, 7168, 7392, 256, 8, 128, 64, 4, f, low_latency=True)
+    assert ll["time_us"] == pytest.approx(d["time_us"] + 30.0)
+    assert ll["bound"] in ("NIC-bound", "NVLink-bound", "latency-bound")
+
+
+# ------------------------------------------------------------------ profiles
+
+def test_profile_model_terms_are_read_and_checked():
+    h800 = load_profile("h800-hgx")
+    assert h800.moe_nvl_efficiency == 0.84 and h800.moe_ll_fixed_us == 26.0 and h800.inswitch_gpus == 8
+    assert "docs/legacy.md" in h800.model_sources
+    f = md.fabric_from_profile(load_profile("gb200-nvl72"))
+    assert f.terms.inswitch_algbw_gbps == pytest.approx(845 * 72 / 142)
+    assert f.terms.inswitch_ramp_nbytes_per_gpu == pytest.approx(3.1 * (1 << 20)) and f.terms.rails == 9
+    base = (load_profile("h100-hgx").source_path and
+            (ROOT / "commbench" / "data" / "h100-hgx.toml").read_text())
+    with pytest.raises(UsageError, match="at most 1"):
+        parse_profile_text(base.replace("moe_nvl_efficiency = 0.84", "moe_nvl_efficiency = 1.2"), "x.toml")
+    with pytest.raises(UsageError, match="unknown key model.speed"):
+        parse_profile_text(base + "speed = 2\n", "x.toml")
+    assert "published" not in list_profiles()
+
+
+# ------------------------------------------------------------------ the command
+
+@pytest.mark.multirank
+def test_model_against_prints_every_row_and_the_summary():
+    r = run_cli("model", "--against")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    n = len(mc.load_table(mc.default_table()))
+    assert f"all rows (fit included) within 1.5x: {n} of {n}" in out
+    assert "median ratio, moe-low-latency (held-out)" in out and "NVLSTree" in out and "NIC-bound" in out
+    assert "deepep-ll-ep8-combine" in out
+
+
+@pytest.mark.multirank
+def test_model_against_a_file_with_a_miss_exits_1_and_marks_it(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('''[[figure]]
+id = "too-fast"
+group = "all_reduce-intra"
+use = "held-out"
+source = "https://example.org"
+hardware = "8 x H100"
+profile = "h100-hgx"
+kind = "all_reduce"
+algorithm = "ring"
+world = 8
+nbytes = 1073741824
+measure = "busbw_GBps"
+published = 100
+''')
+    r = run_cli("model", "--against", f)
+    assert r.returncode == 1, r.stderr
+    assert "0 of 1" in r.stdout and " !" in r.stdout and "OUTSIDE" in r.stdout
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "no [[figure]] rows"),
+    ("[[figure]]\nid = 'a'\n", "missing group"),
+    ("not toml [", "not a TOML file"),
+])
+@pytest.mark.multirank
+def test_model_against_bad_files_are_one_line_errors(tmp_path, text, needle):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    r = run_cli("model", "--against", f)
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("model", "--against", tmp_path / "absent.toml")
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+@pytest.mark.multirank
+def test_model_against_refuses_flags_the_table_sets():
+    r = run_cli("model", "--against", "--profile", "h100-hgx")
+    assert r.returncode == 2 and "drop --profile" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.multirank
+def test_all_reduce_output_says_which_algorithm_nccl_would_pick():
+    r = run_cli("model", "--kind", "all_reduce", "--profile", "gb300-nvl72", "--sizes", "1G", "--worlds", "8,1024")
+    assert r.returncode == 0, r.stderr
+    assert "NCCL would pick at world 1024, 1G: NVLSTree" in r.stdout
+    assert "NCCL would pick at world 8, 1G: NVLS" in r.stdout
