@@ -274,9 +274,34 @@ def _mpi_importable() -> bool:
 
 
 def free_port() -> int:
+    """A port for rank 0 to listen on, chosen below the kernel's ephemeral range where one is
+    free: a port from that range (what bind(0) hands out) can be taken, between this choice
+    and rank 0's listen, as the local end of any outgoing connection on the host (the ranks'
+    own gloo connections among them), and the launch then fails with "port in use"."""
+    import random
+
+    lo = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(32):
+        port = pick.randrange(max(1024, lo - 12000), lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(2048, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 # --- bounded start-up: every wait before the watchdog is armed ends by the run's --timeout ----

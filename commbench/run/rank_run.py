@@ -63,10 +63,11 @@ def resolve_profile(spec: RunSpec, comm, device: str, gpu_names: list[str]) -> t
     if name is None:
         return None, {"profile": None, "note": "no profile for this GPU: pass --profile"}
     prof = spec.profile or ceilings.apply_overrides(ceilings.load_profile(name), overrides or {})
-    meta = {"profile": prof.name, "chosen": "given" if cfg.profile else "default"}
+    # Built once at the end: the profile's part of meta.json, which the record writes.
+    said = {"profile": prof.name, "chosen": "given" if cfg.profile else "default"}
     if prof.measured:
         m = probe.loopback_probe(comm)
-        meta["probe"] = m
+        said = {**said, "probe": m}
         if m.get("latency_us") is None:
             m["latency_us"] = 0.0
         prof = ceilings.loopback_profile(m["memcpy_in_cache_gbps"], m["memcpy_beyond_cache_gbps"],
@@ -79,8 +80,7 @@ def resolve_profile(spec: RunSpec, comm, device: str, gpu_names: list[str]) -> t
         prof = replace(prof, scaleup_in_cache_doubt=ceilings.probe_doubt(m, "in_cache"),
                        scaleup_doubt=ceilings.probe_doubt(m, "beyond_cache"))
         prof = ceilings.apply_overrides(prof, overrides or {})  # the probe's rates, then the flags' over them
-    meta["fields"] = asdict(prof)
-    return prof, meta
+    return prof, {**said, "fields": asdict(prof)}
 
 
 # --- one rank's run of a suite, in named steps ---------------------------------------------

@@ -211,19 +211,27 @@ def test_scaling_with_repeats_judges_only_what_every_repeat_agrees_on():
     assert f.verdict.startswith("scales: per-rank throughput holds") and "median of 2 interleaved repeats" in f.verdict
 
 
-@needs_mpi
-@pytest.mark.multirank
-def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp_path):
-    """tools/ab_gate.py end to end on a 3-point sweep (one round: nine 2-rank runs, two
-    compares): its record of the round, and one-line refusals. Whether it catches the planted
-    points on this host is what `make ab-gate` measures, not a test."""
-    import json
-    import subprocess
+def _ab_gate() -> list[str]:
     import sys
 
     from conftest import ROOT
 
-    gate = [sys.executable, str(ROOT / "tools" / "ab_gate.py")]
+    return [sys.executable, str(ROOT / "tools" / "ab_gate.py")]
+
+
+@needs_mpi
+@pytest.mark.multirank
+@pytest.mark.slow  # nine 2-rank runs and two compares: 40 s on 2 cores; the refusals below stay in `make test`
+def test_the_ab_gate_script_runs_a_round(tmp_path):
+    """tools/ab_gate.py end to end on a 3-point sweep (one round: nine 2-rank runs, two
+    compares): its record of the round. Whether it catches the planted points on this host
+    is what `make ab-gate` measures, not a test."""
+    import json
+    import subprocess
+
+    from conftest import ROOT
+
+    gate = _ab_gate()
     named = "all_reduce:float32:4096,all_reduce:float32:16384,all_reduce:float32:65536,all_reduce:float16:512"
     p = subprocess.run(gate + ["--rounds", "1", "--sizes", "4096,16384,65536", "--dtypes", "float32",
                                "--planted", named, "--run-repeat", "2", "--min-time-ms", "5",
@@ -238,6 +246,15 @@ def test_the_ab_gate_script_runs_a_round_and_refuses_what_could_find_nothing(tmp
     assert set(rec["planted_cannot_judge"]) <= {"all_reduce:float32:4096", "all_reduce:float32:16384",
                                                 "all_reduce:float32:65536"}
     assert "planted 20 % on 3 points" in p.stdout and "nothing slower (compare exit 0 or 3) in" in p.stdout and (tmp_path / "g" / "round01" / "planted.csv").is_file()
+
+
+@pytest.mark.multirank
+def test_the_ab_gate_script_refuses_what_could_find_nothing(tmp_path):
+    import subprocess
+
+    from conftest import ROOT
+
+    gate = _ab_gate()
     for args, words in ((["--sizes", "8,16"], "no planted point"), (["--sizes", "x"], "--sizes"),
                         (["--rounds", "0"], "--rounds"), (["--planted", "all_reduce:float32"], "--planted")):
         p = subprocess.run(gate + args + ["--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True,

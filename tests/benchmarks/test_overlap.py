@@ -318,6 +318,7 @@ def _load_changes_at(stage: str, factor: float):
     return LoadChanges, speed
 
 
+@pytest.mark.serial  # counts recalibrations: a busy host adds its own
 def test_a_calibration_that_saw_a_slower_host_is_redone_from_the_timed_loop():
     """The calibration sees the compute 3x slower than the timed loop then does (other load
     on the cores until the compute stage starts): it sizes n for 20 ms at 3x, which runs in

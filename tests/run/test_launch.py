@@ -226,3 +226,14 @@ def test_a_local_open_mpi_5_job_is_limited_to_shared_memory_unless_told_otherwis
     assert local_mpi_env({}, fake("mpirun (Open MPI) 4.1.5")) == {}
     assert local_mpi_env({}, fake("HYDRA build details:")) == {}
     assert local_mpi_env({}, str(tmp_path / "missing")) == {}
+
+
+def test_a_port_the_launcher_chooses_is_below_the_ephemeral_range():
+    """A port from the ephemeral range can become the local end of another connection between
+    the launcher's choice and rank 0's listen ("port in use"); below it, only a listener takes it."""
+    from commbench.backends.rendezvous import _ephemeral_low, free_port
+
+    lo = _ephemeral_low()
+    ports = [free_port() for _ in range(8)]
+    assert all(max(1024, lo - 12000) <= p < lo for p in ports), (lo, ports)
+    assert len(set(ports)) > 1  # chosen at random, not the same port for launches side by side
