@@ -68,6 +68,44 @@ def run_rows(path) -> list[dict]:
     return rows
 
 
+def kill_pids(pids) -> None:
+    """SIGKILL each pid that is still there: what a failed test left running."""
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def tagged_pids(tag: str) -> dict[int, str]:
+    """Live processes whose environment holds COMMBENCH_TEST_TAG=tag: pid -> command name."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"COMMBENCH_TEST_TAG={tag}".encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:][:1] not in ("Z", "X"):
+            out[int(d.name)] = stat[stat.index("(") + 1:stat.rfind(")")]
+    return out
+
+
+@pytest.fixture
+def tag():
+    """A tag for this test's processes; whatever still carries it afterwards is killed."""
+    import uuid
+
+    t = uuid.uuid4().hex
+    yield t
+    kill_pids(tagged_pids(t))
+
+
 def make_row(benchmark="all_reduce", world=2, nbytes=8, p50=1.0, *, spread_pct=0.0, backend="mpi", device="cpu",
              dtype="float32", variant="default", placement="out-of-place", params=None, stage="", iters=100,
              busbw_factor=None, **extra) -> dict:

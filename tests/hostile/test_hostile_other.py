@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, needs_mpi, run_cli, run_meta, run_rows  # noqa: F401
+from conftest import FIXTURES, ROOT, kill_pids, needs_mpi, run_cli, run_meta, run_rows  # noqa: F401
 
 
 @needs_mpi
@@ -61,11 +61,7 @@ def test_signalled_launchers_and_shared_refusals_leave_nothing_in_tmp(tmp_path):
         left = sorted(f.name for f in tmp.iterdir() if f.name.startswith("commbench-"))
         assert not left, left
     finally:
-        for pid in _tagged(tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_pids(_tagged(tag))
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -9,12 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, needs_mpi, run_cli, run_meta, run_rows
+from conftest import ROOT, needs_mpi, run_cli, run_meta, run_rows, tagged_pids
 
 # Every test here starts processes (conftest: the multirank guard).
 pytestmark = pytest.mark.multirank
@@ -43,33 +42,7 @@ def _launch(args, env, tag: str):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def _tagged(tag: str) -> dict[int, str]:
-    """Live processes whose environment holds the tag: pid -> command name."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if f"COMMBENCH_TEST_TAG={tag}".encode() not in (d / "environ").read_bytes().split(b"\0"):
-                continue
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2:][:1] not in ("Z", "X"):
-            out[int(d.name)] = stat[stat.index("(") + 1:stat.rfind(")")]
-    return out
-
-
-@pytest.fixture
-def tag():
-    """A tag for this test's processes; whatever still carries it afterwards is killed."""
-    t = uuid.uuid4().hex
-    yield t
-    for pid in _tagged(t):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+_tagged = tagged_pids  # the name the tests here and beside them use
 
 
 def _wait_for(cond, proc, what: str, limit_s: float = 120.0) -> None:

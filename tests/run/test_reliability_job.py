@@ -16,7 +16,7 @@ import pytest
 from test_reliability import FAULT_AT, SIZES, _env, _finished_rows_intact, _launch, _meta, _wait_rows
 
 import commbench
-from conftest import ROOT, needs_mpi, needs_torch, run_cli, run_rows
+from conftest import ROOT, kill_pids, needs_mpi, needs_torch, run_cli, run_rows
 
 # The issue's bound for a failure to end the job, from the moment it is caused (a watchdog's
 # own timeout is added where the failure is a silence only the watchdog can see).
@@ -59,11 +59,7 @@ def _reap(tmp_path):
     """A test that fails midway must not leave its job running (a stopped rank, a launcher
     it gave up on): whatever still names its directory is killed afterwards."""
     yield
-    for pid in _job_pids(tmp_path):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_pids(_job_pids(tmp_path))
 
 
 @needs_mpi

@@ -5,14 +5,12 @@ state final: no `running` anywhere in meta.json. Its writes never go through a l
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import subprocess
-import uuid
 
 import pytest
-from test_hostile_signals import SLOW, TWO_VARIANTS, _launch, _rows, _statuses, _tagged, _wait_for
+from test_hostile_signals import SLOW, TWO_VARIANTS, _launch, _rows, _statuses, _wait_for
 
 from commbench.core.safe_write import LinkRefused
 from commbench.store.lock import RunLock
@@ -229,18 +227,6 @@ ENDS = {
     "between_variants": (["{suite}", *TINY], SLOW, (signal.SIGTERM, _default_done), 143, "interrupted",
                          {"default": "complete", "mine": "interrupted"}),
 }
-
-
-@pytest.fixture
-def tag():
-    """A tag for this test's processes; whatever still carries it afterwards is killed."""
-    t = uuid.uuid4().hex
-    yield t
-    for pid in _tagged(t):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @needs_mpi
