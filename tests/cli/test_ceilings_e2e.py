@@ -79,19 +79,23 @@ def test_model_calibrated_on_loopback_predicts_measured(big_run):
     predict all_to_all and all_gather at those sizes. Tolerance 3x either way, and 6x low
     for all_gather: the alpha-beta model charges an all_to_all S*beta but an all_gather
     (p-1)/p*S*beta, while on one host the all_gather also copies the rank's own chunk (a 2x
-    at p=2 the model does not see), and 2-core timings move 30 % run to run. Sizes beyond the LLC are left out: the model
-    knows no cache cliff (README, "What-if model")."""
+    at p=2 the model does not see), and 2-core timings move 30 % run to run. Only sizes up to
+    1 MiB: the model knows no cache cliff (README, "What-if model"), and the 4 MiB point's
+    working set (send and receive buffers of both ranks, 16 MiB) falls out of a last-level
+    cache that the parallel test processes share: there it measured 2x to 20x the model
+    (ratios 0.49 to 0.05 over four runs under load) while 64 KiB to 1 MiB stayed within 0.28-1.3."""
     out, _ = big_run
     df = commbench.load(out)
-    small = df[(df.nbytes * 2 <= _cache_nbytes(out)) & df.benchmark.isin(["all_to_all", "all_gather"])]
+    in_cache = (df.nbytes <= 1 << 20) & (df.nbytes * 2 <= _cache_nbytes(out))
+    small = df[in_cache & df.benchmark.isin(["all_to_all", "all_gather"])]
     fab = M.calibrate_fabric(fit_table(small), M.fabric_from_rates(10.0, 1.0, None))
     for r in small.to_dict("records"):
         f = M.all_to_all_time_us if r["benchmark"] == "all_to_all" else M.all_gather_time_us
         ratio = f(2, r["nbytes"], fab) / r["time_us_p50"]
         # all_gather: the model's (p-1)/p S beta is S/2 beta at p = 2, while on one host the
         # rank also copies its own chunk into the output: the model sees half the copies, so
-        # it predicts low by that 2x on top of the 3x spread (measured: 0.26-0.46 from 64 KiB
-        # to 4 MiB, over four runs); all_to_all was calibrated on, so 3x either way.
+        # it predicts low by that 2x on top of the 3x spread (measured: 0.28-0.83 from 64 KiB
+        # to 1 MiB, over four runs under load); all_to_all was calibrated on, so 3x either way.
         low = 1 / 6 if r["benchmark"] == "all_gather" else 1 / 3
         assert low <= ratio <= 3, (r["benchmark"], r["nbytes"], ratio)
     r = run_cli("model", "--kind", "all_to_all", "--calibrate", out, "--worlds", "2,4", "--sizes", "1M")
