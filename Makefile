@@ -16,7 +16,7 @@ STYLE ?=
 # Open MPI refuses root and more ranks than cores unless told.
 MPIRUN_FLAGS ?= $(shell [ "$$(id -u)" = 0 ] && $(VENV)/bin/mpirun --version 2>/dev/null | grep -q "Open MPI" && echo --allow-run-as-root)
 
-.PHONY: install quick collectives moe moe-decode moe-skew overlap scaling inswitch ceilings model model-check gpu-check test list bench-overhead c-loop bench-fidelity two-hosts clean
+.PHONY: install quick collectives moe moe-decode moe-skew pairs moe-shootout overlap scaling inswitch ceilings model model-check gpu-check test list bench-overhead c-loop bench-fidelity two-hosts clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -44,11 +44,36 @@ moe: install
 moe-skew: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
 
+# Every pair of ranks on this host (rank mode: one host has one node); on a cluster run
+# `commbench run pairs` under mpirun/srun, one rank per node (docs/health.md).
+pairs: install
+	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --pairs-mode $(or $(PAIRS_MODE),rank) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
 # Decode runs DeepEP's low-latency mode, which is the device path's (gloo on CPU tensors,
 # nccl on GPUs); mpi's host path has the normal mode only.
 DECODE_BACKEND ?= $(shell test -n "$$(ls /proc/driver/nvidia/gpus 2>/dev/null)" && echo nccl || echo gloo)
 moe-decode: install
 	$(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --backend $(or $(BACKEND),$(DECODE_BACKEND)) $(if $(STYLE),--style $(STYLE)) $(ARGS)
+
+# The dispatcher shoot-out (commbench/suites/moe-shootout.toml, docs/moe.md "The shoot-out"):
+# every dispatcher over the named workloads, 3 repeats each in a fresh launch. The dispatchers
+# split over backends, so it is one run per backend: mpi (the host paths: deepep-normal, alltoall,
+# allgather, mpi-alltoallw, mpi-alltoallv), then the torch engines on $(DECODE_BACKEND) (gloo on CPU:
+# deepep-normal, alltoall, allgather, low-latency; nccl with a GPU adds deepep, deepep-ll, pplx);
+# what a backend cannot run is skipped with why. One report over both runs:
+# $(SHOOTOUT_DIR)/report/report.md, written from the runs that left rows even when one failed
+# (its exit status is make's). SHOOTOUT_BACKENDS="gloo" runs one. At world 2 on a 2-core host
+# about 2 minutes at load average 3, 4 minutes at 7.5 (December 2026).
+SHOOTOUT_STAMP := $(shell date +%Y%m%d-%H%M%S)
+SHOOTOUT_DIR ?= results/moe-shootout-$(SHOOTOUT_STAMP)
+SHOOTOUT_BACKENDS ?= mpi $(DECODE_BACKEND)
+moe-shootout: install
+	status=0; runs=; for b in $(SHOOTOUT_BACKENDS); do \
+	  $(PY) -m commbench run $@ $(if $(NP),--np $(NP)) --backend $$b --repeat 3 --out $(SHOOTOUT_DIR)/$$b $(ARGS) || status=$$?; \
+	  test -f $(SHOOTOUT_DIR)/$$b/rows.jsonl && runs="$$runs $(SHOOTOUT_DIR)/$$b"; \
+	done; \
+	if [ -n "$$runs" ]; then $(PY) -m commbench report $$runs --out $(SHOOTOUT_DIR)/report || status=$$?; fi; \
+	exit $$status
 
 # All-reduce overlapped with a matmul (commbench/suites/overlap.toml: about 1 minute on a quiet 2-core
 # loopback, 3-4 minutes while other jobs share its cores, and then read the rows' warnings).
@@ -162,6 +187,16 @@ test-slow: install
 two-hosts: install
 	$(PY) tools/twohosts.py demo $(ARGS)
 	$(PY) tools/twohosts.py link
+
+# The pairs verdict against known truth (tools/pairs_trials.py, docs/two-hosts.md): five
+# namespace hosts, every link at 200 Mbit/s; one link at a third, one host's every link at a
+# third, nothing slowed; how many runs the verdict got right, against 9 of 10, 9 of 10 and
+# 19 of 20. About 12 minutes on 2 cores; exits 1 when a target is missed, 3 where namespaces
+# cannot be made. PAIRS_TRIALS=a=1,b=1,c=1 for one run of each.
+PAIRS_TRIALS ?= a=10,b=10,c=20
+.PHONY: pairs-trials
+pairs-trials: install
+	$(PY) tools/pairs_trials.py --trials $(PAIRS_TRIALS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""commbench command line: run, list, report, compare, ab, import, ceilings, model."""
+"""commbench command line: run, list, report, compare, ab, import, ceilings, model, routing."""
 from __future__ import annotations
 
 import argparse
@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend mpi with device cuda: the MPI takes CUDA buffers (when the library cannot be asked)")
     r.add_argument("--param", action="append", default=[], metavar="[BENCH.]KEY=V[,V...]",
                    help="set a benchmark parameter; several values make a sweep axis")
+    r.add_argument("--partners", type=int, metavar="K", help="pairs: K seeded partners per member instead of "
+                   "every pair (--param pairs.partners=K)")
+    r.add_argument("--pairs-mode", choices=("node", "rank", "rail"), help="pairs: who measures (--param pairs.mode)")
+    r.add_argument("--fail-on-outlier", action="store_true", help="pairs: exit 1 when the verdict names a slow node "
+                   "or link (for health-check scripts)")
     r.add_argument("--np", type=int, help="start this many local ranks (default without a launcher: one per core, "
                    "at least 2; one per visible GPU on a GPU host)")
     r.add_argument("--out", help="result directory (default results/<timestamp>-<suite>)")
@@ -177,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nccl-tests: keep only the out-of-place half, not the in-place rows")
     im.add_argument("--out", metavar="DIR", help="result directory (default results/<timestamp>-import-<file>)")
 
+    rt = sub.add_parser("routing", help="a captured MoE routing trace's statistics (load per rank and expert, "
+                        "locality, per step) without running anything")
+    rt.add_argument("file", help="the trace: .npy, .npz, .jsonl or .csv (docs/moe.md)")
+    rt.add_argument("--world", type=int, help="the EP size to read it at (default: the one it was recorded at, else 8)")
+    rt.add_argument("--per-step", action="store_true", help="a line for each step too")
+
     c = sub.add_parser("ceilings", help="print the hardware profiles (link line and achieved rates)")
     _profile_args(c, many=True)
 
@@ -195,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     for k, d in (("tokens", DEEPSEEK_V3.tokens), ("hidden", DEEPSEEK_V3.hidden), ("experts", DEEPSEEK_V3.experts),
                  ("topk", DEEPSEEK_V3.topk), ("max-groups", DEEPSEEK_V3.max_groups)):
         m.add_argument(f"--{k}", type=int, help=f"moe shape (default {d}, DeepSeek-V3)")
+    m.add_argument("--workload", metavar="NAME",
+                   help="moe: beside each uniform row, one with the most loaded rank's bytes under this routing "
+                        "workload (docs/model.md#skewed-routing)")
+    m.add_argument("--param", action="append", default=[], metavar="moe.KNOB=V",
+                   help="moe: a knob of --workload (its own, seed, steps), as run --param")
+    m.add_argument("--trace", metavar="FILE", help="moe: the skew of a recorded routing trace (sets experts, top-k)")
+    m.add_argument("--dispatchers", type=_csv,
+                   help="moe: alltoall, hierarchical, deepep-normal, low-latency (default the first three)")
     m.add_argument("--against", nargs="?", const="", metavar="FILE",
                    help="hold the model against a table of published figures (default: the shipped "
                         "commbench/data/published.toml) and print published, projected and their ratio")
@@ -238,6 +257,19 @@ def cmd_list() -> int:
         params = ", ".join(f"{k}={v.default}" for k, v in b.params.items())
         doc = (type(b).__doc__ or "").strip().splitlines()[0] if type(b).__doc__ else ""
         print(f"  {name:16s} {params or doc}")
+    from .benchmarks.moe import ROUTING_KNOBS, MoE
+    from .moe import ROUTING_HELP
+
+    print("moe routings (workloads: --param moe.routing=NAME; their knobs are moe params, defaults shown):")
+    for name, line in ROUTING_HELP.items():
+        knobs = ", ".join(f"{k}={MoE.params[k].default!r}" if isinstance(MoE.params[k].default, str)
+                          else f"{k}={MoE.params[k].default}" for k in ROUTING_KNOBS.get(name, ()))
+        print(f"  {name:14s} {line}" + (f"  [{knobs}]" if knobs else ""))
+    from .benchmarks.moe.dispatchers import DISPATCHERS
+
+    print("moe dispatchers (--param moe.dispatcher=NAME; where one cannot run, its points are skipped with why):")
+    for name, d in DISPATCHERS.items():
+        print(f"  {name:14s} {d.description}  [{', '.join(d.serves)}]")
     print("backends:")
     default = backends.default_backend()  # never one that does not work here
     for name in backends.BACKENDS:
@@ -375,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
             for note in meta.get("import_notes") or []:
                 print(f"note: {note}")
             return 0
+        if args.cmd == "routing":
+            from commbench.commands.routing import routing_command
+
+            return routing_command(args.file, args.world, args.per_step)
         if args.cmd == "ceilings":
             return ceilings_command(lambda default: _profiles(args, default))
         if args.cmd == "model":

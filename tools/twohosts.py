@@ -327,9 +327,10 @@ esac
             self.wait_reachable()
 
     def mpirun_argv(self, np_: int, argv, per_host: int | None = None, mca: dict | None = None) -> list[str]:
-        """mpirun on host a, ranks filling host a then host b (per_host each, default
-        np_/2), remote launch through the agent, TCP between the hosts."""
-        per = per_host or max(1, (np_ + 1) // 2)
+        """mpirun on host a, ranks filling host a then host b and so on (per_host each,
+        default np_ over the hosts, rounded up), remote launch through the agent, TCP between
+        the hosts."""
+        per = per_host or max(1, -(-np_ // len(self.hosts)))
         mpirun = find_mpirun()
         # The two hosts share this machine's cores: ranks that wait by yielding leave them
         # to the ranks (and the delay line) that have work.

@@ -28,6 +28,7 @@ from commbench.analyse.fabric import (  # noqa: F401
     placement,
     ranks_per_domain,
 )
+from commbench.analyse.model_skew import case_skews, moe_row, with_skew
 from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.moe import accounting
@@ -53,7 +54,8 @@ ASSUMPTIONS: list[str] = [
     "gamma (reduction cost per byte) is 0 unless set: GPUs reduce at memory bandwidth "
     "and overlap it with the transfer",
     "recursive doubling and Rabenseifner round lg p up for p not a power of two",
-    "MoE volumes are expectations under uniform top-k routing (no skew, no hot rank); "
+    "MoE volumes are expectations under uniform top-k routing; with --workload or --trace a second "
+    "row per case scales each tier's bytes by the most loaded rank's skew (docs/model.md#skewed-routing); "
     "time = slower tier at the profile's MoE kernel efficiencies + one alpha per tier used",
     "MoE combine moves the same copies as dispatch, in BF16 (2 bytes per element)",
     "rates are whatever the fabric was built from: line rates give a lower bound on "
@@ -239,6 +241,28 @@ def all_to_all_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
 
 # ------------------------------------------------------------------ MoE
 
+# The benchmark's dispatcher names (benchmarks/moe/dispatchers.py) for the byte accounting's
+# cases, and the flag each adds: alltoall sends one copy per (token, expert), deepep-normal
+# one per (token, rank) over the nodes a node-limited routing allows, hierarchical one NIC
+# copy per (token, node) forwarded inside it; low-latency is alltoall's bytes plus the fixed
+# cost F of DeepEP's low-latency kernels. The accounting's own names stay accepted.
+MOE_DISPATCHERS = {"alltoall": ("flat", False), "deepep-normal": ("node_limited", False),
+                   "hierarchical": ("hierarchical", False), "low-latency": ("flat", True)}
+MOE_DISPATCHER_OF_CASE = {"flat": "alltoall", "node_limited": "deepep-normal", "hierarchical": "hierarchical"}
+MOE_DEFAULT_DISPATCHERS = ("alltoall", "hierarchical", "deepep-normal")
+
+
+def moe_case(name: str) -> tuple[str, str, bool]:
+    """(accounting case, dispatcher name, low-latency) for a dispatcher or accounting case name."""
+    if name in MOE_DISPATCHERS:
+        case, ll = MOE_DISPATCHERS[name]
+        return case, name, ll
+    if name in MOE_DISPATCHER_OF_CASE:
+        return name, MOE_DISPATCHER_OF_CASE[name], False
+    raise UsageError(f"unknown MoE dispatcher {name!r}; the model has {', '.join(MOE_DISPATCHERS)} "
+                     f"(or the cases {', '.join(accounting.CASES)})")
+
+
 def moe_scenario_defaults() -> dict:
     """DeepSeek-V3's MoE layer (moe/shape.py): tokens per rank, H, FP8 dispatch rows
     (H + H/32 = 7392 bytes), experts, top-K, and M, the nodes a token may reach."""
@@ -265,7 +289,8 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
     e_nic, e_nvl(G) and F are the fabric's terms (Terms; 1, 1 and 0 unless a profile sets them).
 
     V_nic, V_nvl: expected bytes one rank sends per tier (accounting.dispatch_volume_nbytes)
-    for case "flat", "hierarchical" or "node_limited". The latency term is one alpha per
+    for case "flat", "hierarchical" or "node_limited", or the dispatcher modelled by one
+    (MOE_DISPATCHERS: alltoall, hierarchical, deepep-normal, low-latency). The latency term is one alpha per
     tier used: the copies to all peers go out at once, and the hierarchical cases forward
     after the NIC hop. Combine moves the same copies back; token_nbytes None means the
     stage's DeepSeek-V3 row (FP8 H + H/32 for dispatch, BF16 2H for combine).
@@ -277,6 +302,8 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
     nic_copies_per_token, nvl_copies_per_token, token_nbytes, bottleneck (tier name).
     """
     p = _check_p(p)
+    case, _, ll = moe_case(case)
+    low_latency = low_latency or ll
     if stage not in ("dispatch", "combine"):
         raise UsageError(f"unknown MoE stage {stage!r}; choose dispatch or combine")
     G = _domain(p, fabric) if G is None else min(int(G), p)
@@ -314,6 +341,7 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
         "nvl_copies_per_token": nvl_c,
         "token_nbytes": int(token_nbytes),
         "bottleneck": nic.name if nic is not None and nic_us >= nvl_us else up.name,
+        "tier_names": (nic.name if nic is not None else None, up.name),  # (NIC, NVLink): a skew may move the bottleneck
     }
 
 
@@ -355,7 +383,8 @@ def calibrate_fabric(fit_rows, base: Fabric) -> Fabric:
 # ------------------------------------------------------------------ projection
 
 def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dict | None = None,
-            algos=None, cases=accounting.CASES, skipped: list | None = None) -> list[dict]:
+            algos=None, cases=MOE_DEFAULT_DISPATCHERS, skipped: list | None = None,
+            skew_of=None) -> list[dict]:
     """Rows of a what-if table, one per (world, size, algorithm) or (world, case).
 
     Every row carries the world's placement (placement(): domain_ranks, domains, placement).
@@ -365,12 +394,19 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     Collective rows: kind, algo, world, nbytes, time_us, algbw_gbps = S/t, busbw_gbps
     (algbw times the benchmark's busbw factor; above the link rate for inswitch, see docs/model.md).
 
-    - moe: moe_shape (default moe_scenario_defaults()) over `cases`; rows: kind, case,
-      world, dispatch_us, combine_us, nic_copies_per_token, nvl_copies_per_token,
-      dispatch_v_nic_nbytes, dispatch_v_nvl_nbytes, dispatch_bottleneck, combine_bottleneck.
-      Cases that do not fit a world (the experts do not spread evenly over p ranks, a node
-      limit the domains cannot take) are left out; `skipped`, when given a list, gets one
-      {kind, world, case, reason} per case left out, so a caller can say why.
+    - moe: moe_shape (default moe_scenario_defaults()) over `cases` (dispatcher names or
+      accounting cases, moe_case); rows: kind, case, dispatcher, routing, skew, world,
+      dispatch_us, combine_us, their bandwidth and latency terms (dispatch_bw_us,
+      dispatch_latency_us, combine_bw_us, combine_latency_us), nic_copies_per_token,
+      nvl_copies_per_token, dispatch_v_nic_nbytes, dispatch_v_nvl_nbytes, dispatch_bottleneck,
+      combine_bottleneck. Cases that do not fit a world (the experts do not spread evenly over
+      p ranks, a node limit the domains cannot take) are left out; `skipped`, when given a
+      list, gets one {kind, world, case, dispatcher, reason} per case left out, so a caller
+      can say why.
+      skew_of(p, G) -> dict (model_skew.workload_skew / trace_skew at world p, G ranks a
+      domain) adds, beside each uniform row, one whose bytes are the most loaded rank's
+      (model_skew.with_skew, each tier by the case's skew: case_skews); a world where it
+      raises ValueError gets its uniform rows and one skipped entry.
     """
     if kind not in KINDS:
         raise UsageError(f"unknown projection kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -381,23 +417,32 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
         for p in worlds:
             if p > _domain(p, fabric):
                 _scaleout(fabric, f"MoE at p={p}")  # say so rather than drop every case
-            for case in cases:
+            skew = None
+            for name in cases:
+                case, disp, _ = moe_case(name)
                 try:
-                    d = moe_time_us(case, shape["tokens"], shape["hidden"], shape["token_nbytes"],
+                    d = moe_time_us(name, shape["tokens"], shape["hidden"], shape["token_nbytes"],
                                     shape["experts"], shape["topk"], p, None, shape["M"], fabric, "dispatch")
-                    c = moe_time_us(case, shape["tokens"], shape["hidden"], None, shape["experts"],
+                    c = moe_time_us(name, shape["tokens"], shape["hidden"], None, shape["experts"],
                                     shape["topk"], p, None, shape["M"], fabric, "combine")
                 except UsageError as e:
                     if skipped is not None:
-                        skipped.append({"kind": kind, "world": p, "case": case, "reason": str(e)})
+                        skipped.append({"kind": kind, "world": p, "case": case, "dispatcher": disp, "reason": str(e)})
                     continue
-                out.append({"kind": kind, "case": case, "world": p, **placement(p, fabric),
-                            "dispatch_us": d["time_us"], "combine_us": c["time_us"],
-                            "nic_copies_per_token": d["nic_copies_per_token"],
-                            "nvl_copies_per_token": d["nvl_copies_per_token"],
-                            "dispatch_v_nic_nbytes": d["v_nic_nbytes"], "dispatch_v_nvl_nbytes": d["v_nvl_nbytes"],
-                            "dispatch_bottleneck": d["bottleneck"], "combine_bottleneck": c["bottleneck"],
-                            "dispatch_bound": d["bound"], "combine_bound": c["bound"]})
+                out.append(moe_row(p, fabric, case, disp, d, c, None))
+                if skew_of is None:
+                    continue
+                if skew is None:
+                    try:
+                        skew = skew_of(p, _domain(p, fabric))
+                    except ValueError as e:  # this world cannot take the workload or trace: say so once
+                        skew = str(e)
+                        if skipped is not None:
+                            skipped.append({"kind": kind, "world": p, "case": "", "reason": skew})
+                if isinstance(skew, dict):
+                    nvl_s, nic_s = case_skews(skew, case)
+                    out.append(moe_row(p, fabric, case, disp, with_skew(d, nvl_s, nic_s), with_skew(c, nvl_s, nic_s),
+                                       skew))
         return out
 
     if not sizes_nbytes:

@@ -41,3 +41,13 @@ STAGE_CLOSE_RATIO = 1.25
 # A padding factor (bytes sent / routed) up to this is no news in a table by default: the
 # count headers a low-latency dispatch sends with its rows add well under 5 % at decode shapes.
 PADDING_SHOWN = 1.05
+
+# The pairs test (analyse/pairs.py): a pair is an outlier when its bandwidth is below the
+# median - PAIRS_OUTLIER_MADS scaled MADs AND below PAIRS_FLOOR_X x the median. 3.5: the
+# modified z-score bound of Iglewicz and Hoaglin, about 2 in 10,000 pairs of a normal matrix,
+# so a matrix of dozens of pairs flags noise rarely and the re-test alone clears it; a larger
+# bound misses a link at a third of the rate in a 15 %-noisy matrix of a few nodes. 0.7x: a
+# healthy link on a quiet machine varies by a few %, never by 30 %, and a 30 % slower link
+# costs every ring collective through it that much: below it is worth a name.
+PAIRS_OUTLIER_MADS = 3.5
+PAIRS_FLOOR_X = 0.7

@@ -72,6 +72,13 @@ class MpiRowsExchange(RowsExchange):
         self._types = []
 
 
+class MpiPackedRowsExchange(RowsExchange):
+    """Rows packed with numpy into one contiguous buffer, moved by one MPI_Alltoallv of
+    bytes (counts and displacements per peer), unpacked with numpy."""
+
+    method = "numpy pack into one contiguous buffer, MPI_Alltoallv of bytes, numpy unpack"
+
+
 class MpiComm(Comm):
     backend = "mpi"
 
@@ -189,8 +196,10 @@ class MpiComm(Comm):
         return Handle(req.Wait, req.Test)
 
     def rows_all_to_all(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows,
-                        stage_send, stage_recv):
-        cls = RowsExchange if self.xp is not None else MpiRowsExchange
+                        stage_send, stage_recv, packed: bool = False):
+        # packed: numpy gathers the rows into one contiguous buffer, one plain MPI_Alltoallv
+        # of bytes moves it, numpy scatters the arrivals (the moe dispatcher mpi-alltoallv).
+        cls = MpiPackedRowsExchange if packed else RowsExchange if self.xp is not None else MpiRowsExchange
         return cls(self, row_nbytes, src, send_rows, send_counts, dst, recv_counts, recv_rows, stage_send, stage_recv)
 
     # --- control ----------------------------------------------------------------

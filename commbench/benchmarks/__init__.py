@@ -3,5 +3,5 @@
 The built-in ones are imported here, after base (which imports none of them), so the
 registry is full once the package is imported and no module imports its importer.
 """
-from . import collectives, moe, overlap  # noqa: F401,E402  (register on import)
+from . import collectives, moe, overlap, pairs  # noqa: F401,E402  (register on import)
 from .base import Benchmark, Param, Point, Traffic, get, register, registry  # noqa: F401

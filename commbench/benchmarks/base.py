@@ -87,11 +87,27 @@ class Benchmark:
     checks: bool = True  # False: nothing to verify (barrier); rows say check=skipped
     min_world: int = 1
     even_world: bool = False
+    # Measured on the largest world of the launch only, unless the suite names its worlds
+    # (pairs: a smaller world would be a part of the cluster's matrix).
+    whole_world_only: bool = False
     host_only_on: tuple = ()  # backends on which it works on host memory: refused there with GPU buffers
 
     def refusal(self, backend: str, device: str, params: dict) -> str | None:
         """Why this backend cannot run the benchmark with these params (the suite's table,
         values or sweep lists), said before any rank starts; None when it can."""
+        return None
+
+    def nodes_refusal(self, point: Point, node_count: int | None) -> str | None:
+        """Why this point cannot run on its ranks spread over `node_count` nodes, said where
+        the node count is first known: at the launcher from --np and --ranks-per-node, else
+        on every rank once hostnames group them, before anything is measured (None: not
+        known). None when it can."""
+        return None
+
+    def skip_reason(self, comm, point: Point) -> str | None:
+        """Why this point cannot run on this comm (its backend, device, node count), asked
+        on every rank before setup; the point is then skipped and the run goes on. Every
+        rank must give the same answer. None: it runs."""
         return None
 
     def unit_nbytes(self, world: int, elem_nbytes: int, params: dict) -> int:

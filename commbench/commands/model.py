@@ -3,13 +3,20 @@ calibrated from a measured run), or the model held against its table of publishe
 (--against). The numbers are analyse.model's; the tables report/model_view.py's."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from commbench.analyse import ceilings
 from commbench.analyse import model as M
+from commbench.analyse import model_skew as MS
 from commbench.analyse.analysis import fit_table
 from commbench.analyse.model_check import check, default_table, load_table, summary
+from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg, sweep_sizes
 from commbench.moe import accounting
+from commbench.moe import routing as R
+from commbench.moe.trace import load_trace
+from commbench.moe.workloads import parse_tokens_by_rank
 from commbench.report.model_view import (
     against_table,
     assumptions_text,
@@ -17,9 +24,11 @@ from commbench.report.model_view import (
     left_out_lines,
     nccl_pick_line,
     projection_table,
+    skew_lines,
     summary_lines,
 )
 from commbench.report.terminal import make_console, stdout_is_tty
+from commbench.run.suite import parse_params
 from commbench.store.load import load
 from commbench.store.results import load_meta
 
@@ -44,8 +53,10 @@ def model_command(args, profiles_of) -> int:
         # each row of the table names its own profile, world, size and shape
         given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
                                                       "hidden", "experts", "topk", "max_groups", "nic_gbps",
-                                                      "scaleup_GBps", "domain_gpus")
-                 if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else [])
+                                                      "scaleup_GBps", "domain_gpus", "workload", "trace",
+                                                      "dispatchers")
+                 if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else []) \
+            + (["--param"] if getattr(args, "param", None) else [])
         if given:
             raise UsageError(f"--against takes profiles, worlds, sizes and shapes from the table's rows; "
                              f"drop {', '.join(given)}")
@@ -69,17 +80,19 @@ def model_command(args, profiles_of) -> int:
                 raise UsageError(f"profile {prof.name} is measured at run time: use --calibrate RUN_DIR")
             fabrics.append((prof.name, M.fabric_from_profile(prof, args.rate)))
     shape = _moe_shape(args)
+    skew_of = _skew_of(args, shape, worlds)
+    cases = _dispatchers(args)
     console.print(assumptions_text(M.ASSUMPTIONS))
     for name, fab in fabrics:
         skipped: list = []
         rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos,
-                         skipped=skipped)
+                         skipped=skipped, cases=cases, skew_of=skew_of)
         console.print(projection_table(args.kind, fabric_title(name, args.rate, fab), rows, plain))
         if args.kind == "all_reduce":  # what NCCL itself would run there, and why
             for p in worlds:
                 for S in sizes:
                     console.print(nccl_pick_line(p, S, M.nccl_pick(p, S, fab)))
-        for line in left_out_lines(skipped):
+        for line in skew_lines(rows) + left_out_lines(skipped):
             console.print(line)
     return 0
 
@@ -103,3 +116,91 @@ def _moe_shape(args) -> dict:
         except ValueError as e:
             raise UsageError(str(e)) from None
     return shape
+
+
+def _dispatchers(args) -> tuple:
+    """The MoE dispatchers the table models (--dispatchers; the model's MOE_DISPATCHERS)."""
+    names = tuple(getattr(args, "dispatchers", None) or M.MOE_DEFAULT_DISPATCHERS)
+    if getattr(args, "dispatchers", None) and args.kind != "moe":
+        raise UsageError("--dispatchers applies to --kind moe only")
+    for n in names:
+        M.moe_case(n)  # UsageError naming the known ones
+    return names
+
+
+# Workload knobs that are not the routing's own but still change its load.
+_WORKLOAD_KEYS = ("seed", "steps")
+
+
+def _workload_knobs(name: str, items: list[str]) -> dict:
+    """--param moe.KNOB=V (or KNOB=V) for workload `name`: its own knobs, seed and steps,
+    typed as the moe benchmark's params; anything else is refused in one line."""
+    own = R.ROUTING_PARAMS[name]
+    parsed = parse_params(items, ("moe",))
+    other = sorted(set(parsed) - {"moe"})
+    if other:
+        raise UsageError(f"--param {other[0]}.*: the model takes moe.KNOB=V (knobs of --workload {name})")
+    params = registry()["moe"].params
+    knobs = {}
+    for key, value in parsed.get("moe", {}).items():
+        if key not in own and key not in _WORKLOAD_KEYS:
+            hint = (f"use --{key}" if key in ("tokens", "hidden", "experts", "topk") else
+                    f"workload {name}'s knobs: {', '.join(own + _WORKLOAD_KEYS)}")
+            raise UsageError(f"--param moe.{key} does not apply to the model's workload {name} ({hint})")
+        if isinstance(value, list):
+            raise UsageError(f"--param moe.{key}: one value (the model projects one workload)")
+        knobs[key] = params[key].coerce("moe", key, value) if key in params else value
+    return knobs
+
+
+def _skew_of(args, shape: dict, worlds):
+    """The skew at each world (model_skew) of --workload or --trace, or None: uniform rows only.
+    A trace sets the experts and top-k; either is checked here, at the first world it fits,
+    so a bad workload, knob or file ends in one line before any table."""
+    workload, trace_path, items = getattr(args, "workload", None), getattr(args, "trace", None), \
+        getattr(args, "param", None) or []
+    if args.kind != "moe" and (workload or trace_path or items):
+        raise UsageError("--workload, --trace and --param apply to --kind moe only")
+    if workload and trace_path:
+        raise UsageError("--workload and --trace each set the routing: give one")
+    if items and not workload:
+        raise UsageError("--param sets a --workload's knobs: name the workload (--workload NAME)")
+    if not (workload or trace_path):
+        return None
+    if trace_path:
+        try:
+            trace = load_trace(trace_path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        for k, v in (("experts", trace.num_experts), ("topk", trace.top_k)):
+            if shape.get(k) is not None and shape[k] != v:
+                raise UsageError(f"--{k} {shape[k]} conflicts with the trace's {v} ({trace_path})")
+        shape.update(experts=trace.num_experts, topk=trace.top_k)
+        return lru_cache(None)(lambda p, G: MS.trace_skew(trace, p, G))
+    if workload not in R.ROUTINGS:
+        raise UsageError(f"unknown workload {workload!r}; choose one of {', '.join(R.ROUTINGS)}")
+    knobs = _workload_knobs(workload, items)
+    full = {**M.moe_scenario_defaults(), **shape}
+    seed, steps = knobs.pop("seed", 0), knobs.pop("steps", None)
+    if workload == "burst":  # its burst is the last of every burst_every steps: a mean needs them all
+        every = knobs.get("burst_every", registry()["moe"].params["burst_every"].default)
+        steps = every if steps is None else steps
+        if steps < every:
+            raise UsageError(f"--workload burst: steps={steps} never reaches the burst step (the last of "
+                             f"burst_every={every}); set --param moe.steps={every}")
+    steps = 1 if steps is None else steps
+    if "tokens_by_rank" in knobs and "tokens" not in shape:  # the listed tokens set the nominal: their mean
+        try:
+            listed = parse_tokens_by_rank(knobs["tokens_by_rank"])
+        except ValueError as e:
+            raise UsageError(f"--workload {workload}: {e}") from None
+        shape["tokens"] = full["tokens"] = max(1, round(sum(listed) / len(listed)))
+    skew = lru_cache(None)(lambda p, G: MS.workload_skew(workload, full["experts"], full["topk"], p, full["tokens"],
+                                                         seed=seed, steps=steps, G=G, **knobs))
+    fits = [p for p in worlds if full["experts"] % p == 0 and p > 1]
+    if fits:
+        try:
+            skew(fits[0], fits[0])
+        except ValueError as e:
+            raise UsageError(f"--workload {workload}: {e}") from None
+    return skew

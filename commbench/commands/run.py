@@ -16,13 +16,14 @@ from commbench.core import hoststate
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg
 from commbench.core.whoami import detect
-from commbench.run import contract, launcher, plant, rank_run
+from commbench.run import contract, launcher, pairs_plan, plant, rank_run
 from commbench.run import plan as plan_mod
 from commbench.run import spec as spec_mod
 from commbench.run import suite as suite_mod
 from commbench.run.launcher_variants import capabilities, record_skip, run_variants
 from commbench.run.resume import resume_run, sweep_differences
 from commbench.run.spec import RunSpec
+from commbench.run.traces import keep_traces
 from commbench.run.variants import plan as plan_variants
 from commbench.store.disk import check_free_space, check_out_dir
 from commbench.store.lock import RunLock
@@ -49,19 +50,28 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
         return skip_variant(spec, args, rank0)
     join = joins_run(spec, args)
     points, notes = expand_once(spec)
+    nodes = spec_mod.launch_nodes(spec.np, spec.world, spec.ranks_per_node)
+    spec_mod.check_nodes(points, nodes)  # pairs mode=node on one host: refused before any rank starts
     plan = plan_mod.plan(spec.config, points, spec.world, spec.device, check_counts=spec.backend == "mpi")
     plant.setting()  # a planted slowdown that cannot be is refused before any rank starts
     if args.dry_run:
         if rank0:
             if spec.np_note:
                 print(spec.np_note, flush=True)
-            plan_mod.print_plan(spec.config, plan, spec.world, spec.backend, spec.source)
+            plan_mod.print_plan(spec.config, pairs_plan.with_pairs_times(plan, nodes), spec.world, spec.backend,
+                                spec.source)
+            for line in pairs_plan.dry_run_lines(points, nodes):
+                print(line)
         return 0
     check_out_dir(spec.out)  # before any rank starts: a rank cannot say it alone
     check_free_space(spec.out, len(points))
     if spec.np is not None:
-        return start_ranks(spec, args, argv, points)
-    return as_rank(spec, args, argv, points, notes, join)
+        rc = start_ranks(spec, args, argv, points)
+    else:
+        rc = as_rank(spec, args, argv, points, notes, join)
+    if args.fail_on_outlier and (spec.np is not None or rank0):  # the launcher, or rank 0 of an external one
+        return pairs_plan.fail_on_outlier(rc, spec.out)
+    return rc
 
 
 def check_launch_flags(args) -> None:
@@ -134,6 +144,7 @@ def start_ranks(spec: RunSpec, args, argv: list[str], points: list) -> int:
     child = strip_np(argv) + ([] if args.out else ["--out", spec.out]) + ([] if args.backend else
                                                                           ["--backend", spec.backend])
     lock = contract.hold_for_launch(spec.out)  # noqa: F841 -- one writer: held until this launcher exits
+    spec = keep_traces(spec)  # the ranks read the run's own copy of a routing trace
     RunRecord(spec.out).write_spec(spec.to_dict())
     vplan = spec.vplan()
     if spec.variant is None and vplan.names == ["default"] and spec.repeat <= 1:
@@ -172,7 +183,13 @@ def from_command_line(args, argv: list[str], overrides_p: dict) -> RunSpec:
             and not {"placement", "in_place"} & set(raw):
         overrides["placement"] = "both"  # nccl-tests' two columns, unless told otherwise
     overrides["sizes"] = parse_sizes_arg(args.sizes) if args.sizes is not None else None
-    cfg = spec_mod.checked_config(raw, overrides, args.param)
+    # --partners K and --pairs-mode M: the pairs benchmark's params, as --param would set them.
+    shorthand = [f"pairs.{k}={v}" for k, v in (("partners", args.partners), ("mode", args.pairs_mode))
+                 if v is not None]
+    if shorthand and "pairs" not in (args.benchmarks or raw.get("benchmarks") or []):
+        raise UsageError("--partners and --pairs-mode set the pairs benchmark's params, and this run does not "
+                         "run it (`commbench run pairs`, or -b pairs)")
+    cfg = spec_mod.checked_config(raw, overrides, [*args.param, *shorthand])
     backend = cfg.backend or backends.default_backend()
     if backend is None:
         raise UsageError(f"no backend works here: {backends.INSTALL_HINT}")

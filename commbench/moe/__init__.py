@@ -23,17 +23,30 @@ from .layout import (
     recv_counts_from_all,
 )
 from .routing import (
+    COMMON_KEYS,
+    ROUTING_HELP,
+    ROUTING_PARAMS,
     ROUTINGS,
     Routing,
+    RoutingHooks,
     expected_load_imbalance,
     expected_rank_load_share,
     expert_probabilities,
     make_routing,
+    register_routing,
     validate_routing_params,
+)
+from .workloads import (
+    max_tokens_per_rank,
+    parse_tokens_by_rank,
+    routing_stats,
+    tokens_per_rank,
 )
 
 __all__ = [
     "ROUTINGS", "Routing", "make_routing", "validate_routing_params",
+    "COMMON_KEYS", "ROUTING_HELP", "ROUTING_PARAMS", "RoutingHooks", "register_routing",
+    "tokens_per_rank", "max_tokens_per_rank", "routing_stats", "parse_tokens_by_rank",
     "expert_probabilities", "expected_rank_load_share", "expected_load_imbalance",
     "Layout", "dispatch_layout", "recv_counts_from_all", "global_layout",
     "combine_factor", "combine_expected", "combine_reduce", "load_imbalance",

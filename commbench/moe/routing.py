@@ -2,13 +2,20 @@
 
 Every generator has the signature
 
-    gen(num_tokens, num_experts, top_k, rank, world, seed, **own_params) -> Routing
+    gen(num_tokens, num_experts, top_k, rank, world, seed, step=0, **own_params) -> Routing
 
-and is deterministic: a rank's tokens come from ``SeedSequence([seed, rank])``, so the
-same (seed, rank, parameters) gives the same routing on every run and every rank can
-regenerate any other rank's routing (the correctness check relies on that). Anything
-all ranks must agree on (which experts are hot, the balanced assignment's expert
-order) comes from a stream that depends on the seed alone.
+and is deterministic: a rank's tokens at step 0 come from ``SeedSequence([seed, rank])``
+and at step s > 0 from ``SeedSequence([seed, rank, s])``, so the same (seed, rank, step,
+parameters) gives the same routing on every run and every rank can regenerate any other
+rank's routing at any step (the correctness check relies on that). Anything all ranks
+must agree on (which experts are hot, the balanced assignment's expert order) comes
+from a stream that depends on the seed alone (or on the seed and step, where a workload
+moves with the step). ``num_tokens`` is the nominal tokens per rank: a workload may give
+a rank more or fewer rows (``Routing.num_tokens``), see tokens_per_rank.
+
+More routings (workloads.py) join through register_routing, which sets their own
+parameters, a one-line description (ROUTING_HELP, shown by `commbench list`), their
+validation and, where they have them, closed forms for the expected load.
 
 Experts are spread evenly over ranks: rank j hosts experts
 [j * E / world, (j + 1) * E / world).
@@ -32,18 +39,20 @@ from typing import Callable
 
 import numpy as np
 
-# spawn_key tags for streams that depend on the seed but not on the rank; a spawn key
-# keeps them apart from every rank's SeedSequence([seed, rank]) stream.
-_SHARED_EXPERT_ORDER_KEY = 1
-_EXPECTATION_SAMPLES_KEY = 2
+from .sampling import (
+    _EXPECTATION_SAMPLES_KEY,
+    _hot_pick_share,
+    _random_weights,
+    _rank_rng,
+    _sample_distinct,
+    _shared_expert_order,
+    _shared_rng,
+)
 
-# Collision redraw rounds before Plackett-Luce keys take over a row; only very skewed
-# weights (large zipf alpha) or K close to E get that far.
-_MAX_REDRAW_ROUNDS = 4
-_DRAWS_PER_ROUND = 4
-
-# Keys every generator takes; validate_routing_params accepts them in `params`.
-COMMON_KEYS = ("num_tokens", "num_experts", "top_k", "rank", "world", "seed")
+# Keys every generator takes; validate_routing_params accepts them in `params`. All but
+# step (default 0) are required.
+COMMON_KEYS = ("num_tokens", "num_experts", "top_k", "rank", "world", "seed", "step")
+_REQUIRED_KEYS = COMMON_KEYS[:-1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,129 +72,13 @@ class Routing:
         return int(self.topk_idx.shape[1])
 
 
-# ---------------------------------------------------------------- random streams
-
-
-def _rank_rng(seed: int, rank: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, rank]))
-
-
-def _shared_rng(seed: int, key: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(key,)))
-
-
-def _shared_expert_order(seed: int, num_experts: int) -> np.ndarray:
-    """A permutation of expert ids all ranks agree on; element 0 is the hottest for zipf."""
-    return _shared_rng(seed, _SHARED_EXPERT_ORDER_KEY).permutation(num_experts)
-
-
-# ---------------------------------------------------------------- sampling core
-
-
-def _sample_distinct(rng: np.random.Generator, num_rows: int, n: int, k: int,
-                     probs: np.ndarray | None = None) -> np.ndarray:
-    """(num_rows, k) int64 of distinct values in [0, n): successive sampling without
-    replacement from ``probs`` (uniform when None), slot by slot in pick order.
-
-    Slot i's value is the first of an i.i.d. stream of draws that misses slots < i.
-    All rows draw their first K candidates at once; only rows whose candidates
-    collide go through the slot-by-slot redraws, and rows still colliding after a
-    few rounds (very skewed weights, K close to n) get their remaining slots from
-    Plackett-Luce keys over the values left, which is the same distribution.
-    """
-    alias = None if probs is None else _alias_table(probs)
-
-    def draw(m: int) -> np.ndarray:
-        i = rng.integers(0, n, size=m, dtype=np.int64)
-        if alias is None:
-            return i
-        keep, other = alias
-        return np.where(rng.random(m) < keep[i], i, other[i])
-
-    out = draw(num_rows * k).reshape(num_rows, k)
-    if k < 2 or num_rows == 0:
-        return out
-    ordered = np.sort(out, axis=1)
-    clashing = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
-    if clashing.size == 0:
-        return out
-    sub = out[clashing]
-    m = clashing.size
-    # taken[row, value]: a collision test is one lookup instead of a scan of the slots.
-    taken = np.zeros((m, n), dtype=bool)
-    taken[np.arange(m), sub[:, 0]] = True
-    active = np.arange(m)
-    for slot in range(1, k):
-        first = sub[active, slot]
-        clash = taken[active, first]
-        taken[active[~clash], first[~clash]] = True
-        pending = active[clash]
-        for _ in range(_MAX_REDRAW_ROUNDS):
-            if pending.size == 0:
-                break
-            # A few draws per row per round: the first one free is the pick.
-            cand = draw(pending.size * _DRAWS_PER_ROUND).reshape(-1, _DRAWS_PER_ROUND)
-            free = ~taken[pending[:, None], cand]
-            found = free.any(axis=1)
-            pick = cand[found, np.argmax(free[found], axis=1)]
-            ok = pending[found]
-            sub[ok, slot] = pick
-            taken[ok, pick] = True
-            pending = pending[~found]
-        if pending.size:
-            sub[pending, slot:] = _plackett_luce_rest(rng, taken[pending], k - slot, probs)
-            active = np.setdiff1d(active, pending, assume_unique=True)
-    out[clashing] = sub
-    return out
-
-
-def _alias_table(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Walker/Vose alias table: a draw is a uniform column i, kept with chance
-    keep[i] and otherwise replaced by other[i]. O(1) a draw: a binary search of the
-    CDF with random queries was the sampler's largest cost."""
-    n = probs.size
-    scaled = np.asarray(probs, dtype=np.float64) * (n / float(np.sum(probs)))
-    keep = np.ones(n)
-    other = np.arange(n, dtype=np.int64)
-    small = [i for i in range(n) if scaled[i] < 1.0]
-    large = [i for i in range(n) if scaled[i] >= 1.0]
-    while small and large:
-        s, g = small.pop(), large.pop()
-        keep[s], other[s] = scaled[s], g
-        scaled[g] -= 1.0 - scaled[s]
-        (small if scaled[g] < 1.0 else large).append(g)
-    # Whatever is left holds 1 up to rounding: keep it always.
-    return keep, other
-
-
-def _plackett_luce_rest(rng: np.random.Generator, taken: np.ndarray, m: int,
-                        probs: np.ndarray | None) -> np.ndarray:
-    """(rows, m): the next m successive picks of each row, ``taken`` (rows, n) bool
-    marking the values already picked. Exponential keys divided by the weights,
-    smallest first, order the values left exactly as successive sampling would (the
-    Gumbel-top-k trick)."""
-    keys = rng.standard_exponential(taken.shape)
-    if probs is not None:
-        with np.errstate(divide="ignore"):
-            keys /= probs
-    keys[taken] = np.inf
-    part = np.argpartition(keys, m - 1, axis=1)[:, :m]
-    by_key = np.argsort(np.take_along_axis(keys, part, axis=1), axis=1)
-    return np.take_along_axis(part, by_key, axis=1)
-
-
-def _random_weights(rng: np.random.Generator, num_tokens: int, top_k: int) -> np.ndarray:
-    # float64 draws: numpy's float32 exponential returns exactly 0 about once in 2**23.
-    w = rng.standard_exponential((num_tokens, top_k))
-    w /= w.sum(axis=1, keepdims=True)
-    return np.maximum(w, np.finfo(np.float32).tiny).astype(np.float32)
-
-
-def _check_rank(rank: int, world: int, seed: int) -> None:
+def _check_rank(rank: int, world: int, seed: int, step: int = 0) -> None:
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside [0, {world})")
     if isinstance(seed, bool) or int(seed) != seed or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if not _is_int(step) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
 
 
 def _finish(rng: np.random.Generator, topk_idx: np.ndarray) -> Routing:
@@ -196,16 +89,16 @@ def _finish(rng: np.random.Generator, topk_idx: np.ndarray) -> Routing:
 
 
 def uniform(num_tokens: int, num_experts: int, top_k: int, rank: int, world: int,
-            seed: int) -> Routing:
+            seed: int, step: int = 0) -> Routing:
     """Each token picks ``top_k`` distinct experts uniformly at random."""
     _validate("uniform", {}, num_experts, top_k, world, num_tokens)
-    _check_rank(rank, world, seed)
-    rng = _rank_rng(seed, rank)
+    _check_rank(rank, world, seed, step)
+    rng = _rank_rng(seed, rank, step)
     return _finish(rng, _sample_distinct(rng, num_tokens, num_experts, top_k))
 
 
 def balanced(num_tokens: int, num_experts: int, top_k: int, rank: int, world: int,
-             seed: int) -> Routing:
+             seed: int, step: int = 0) -> Routing:
     """Every expert receives exactly T * world * K / E (token, expert) pairs summed over
     all ranks (ValueError when that is not an integer).
 
@@ -216,31 +109,32 @@ def balanced(num_tokens: int, num_experts: int, top_k: int, rank: int, world: in
     shuffles its rows with its own stream so ranks do not route token t alike.
     """
     _validate("balanced", {}, num_experts, top_k, world, num_tokens)
-    _check_rank(rank, world, seed)
+    _check_rank(rank, world, seed, step)
     order = _shared_expert_order(seed, num_experts)
     g = rank * num_tokens + np.arange(num_tokens, dtype=np.int64)
     slots = (g[:, None] * top_k + np.arange(top_k, dtype=np.int64)) % num_experts
-    rng = _rank_rng(seed, rank)
+    rng = _rank_rng(seed, rank, step)
     topk_idx = order[slots][rng.permutation(num_tokens)]
     return _finish(rng, topk_idx)
 
 
 def zipf(num_tokens: int, num_experts: int, top_k: int, rank: int, world: int, seed: int,
-         alpha: float = 1.0) -> Routing:
+         step: int = 0, alpha: float = 1.0) -> Routing:
     """Power-law expert popularity: the expert at position i of a seeded order shared by
     all ranks has weight 1 / (i + 1) ** alpha; each token takes K distinct experts by
     successive sampling with those weights. alpha = 0 is uniform. Sampling without
     replacement flattens the distribution: the hot experts are picked less often than
-    their weight share, see expected_rank_load_share."""
+    their weight share, see expected_rank_load_share. The popular experts stay the same at
+    every step; only the tokens' draws change."""
     _validate("zipf", {"alpha": alpha}, num_experts, top_k, world, num_tokens)
-    _check_rank(rank, world, seed)
+    _check_rank(rank, world, seed, step)
     p = expert_probabilities("zipf", num_experts, world, seed=seed, alpha=alpha)
-    rng = _rank_rng(seed, rank)
+    rng = _rank_rng(seed, rank, step)
     return _finish(rng, _sample_distinct(rng, num_tokens, num_experts, top_k, p))
 
 
 def hot_rank(num_tokens: int, num_experts: int, top_k: int, rank: int, world: int,
-             seed: int, ratio: float = 2.0, hot: int = 0) -> Routing:
+             seed: int, step: int = 0, ratio: float = 2.0, hot: int = 0) -> Routing:
     """Each expert hosted on rank ``hot`` has selection weight ``ratio``, every other
     expert weight 1, and each token takes K distinct experts by successive sampling.
 
@@ -252,14 +146,14 @@ def hot_rank(num_tokens: int, num_experts: int, top_k: int, rank: int, world: in
     """
     params = {"ratio": ratio, "hot": hot}
     _validate("hot_rank", params, num_experts, top_k, world, num_tokens)
-    _check_rank(rank, world, seed)
+    _check_rank(rank, world, seed, step)
     p = expert_probabilities("hot_rank", num_experts, world, **params)
-    rng = _rank_rng(seed, rank)
+    rng = _rank_rng(seed, rank, step)
     return _finish(rng, _sample_distinct(rng, num_tokens, num_experts, top_k, p))
 
 
 def group_limited(num_tokens: int, num_experts: int, top_k: int, rank: int, world: int,
-                  seed: int, groups: int | None = None,
+                  seed: int, step: int = 0, groups: int | None = None,
                   max_groups: int | None = None) -> Routing:
     """Node-limited routing: the experts form ``groups`` contiguous groups (default:
     one per rank); each token picks ``max_groups`` distinct groups uniformly, then K
@@ -268,8 +162,8 @@ def group_limited(num_tokens: int, num_experts: int, top_k: int, rank: int, worl
     groups = world if groups is None else groups
     _validate("group_limited", {"groups": groups, "max_groups": max_groups},
               num_experts, top_k, world, num_tokens)
-    _check_rank(rank, world, seed)
-    rng = _rank_rng(seed, rank)
+    _check_rank(rank, world, seed, step)
+    rng = _rank_rng(seed, rank, step)
     group_size = num_experts // groups
     chosen = _sample_distinct(rng, num_tokens, groups, max_groups)
     local = _sample_distinct(rng, num_tokens, max_groups * group_size, top_k)
@@ -294,6 +188,51 @@ ROUTING_PARAMS: dict[str, tuple[str, ...]] = {
     "group_limited": ("groups", "max_groups"),
 }
 
+# One line per routing: what it does (`commbench list` shows it with the knobs).
+ROUTING_HELP: dict[str, str] = {
+    "uniform": "each token picks top_k distinct experts uniformly at random",
+    "balanced": "every expert receives exactly the same number of picks over all ranks",
+    "zipf": "power-law expert popularity: the i-th expert of a seeded order weighs 1/(i+1)^alpha",
+    "hot_rank": "one rank's experts are `ratio` times as likely to be picked as the others",
+    "group_limited": "each token reaches at most max_groups expert groups (node-limited, DeepSeek-V3)",
+}
+
+
+@dataclass(frozen=True)
+class RoutingHooks:
+    """What a registered routing adds besides its generator; each is optional.
+
+    validate(own, num_experts, top_k, world, num_tokens): ValueError, one line, for bad
+        own parameters (after the common checks; num_tokens may be None).
+    probabilities(num_experts, top_k, world, seed, step, own) -> (E,) selection weights.
+    expected_share(num_experts, top_k, world, seed, step, own) -> (world,) expected share
+        of all picks per rank; without it expected_rank_load_share runs a Monte-Carlo.
+    tokens(num_tokens, world, seed, step, own) -> (world,) rows each rank has at that
+        step; without it every rank has num_tokens.
+    """
+
+    validate: Callable | None = None
+    probabilities: Callable | None = None
+    expected_share: Callable | None = None
+    tokens: Callable | None = None
+
+
+ROUTING_HOOKS: dict[str, RoutingHooks] = {}
+
+
+def register_routing(name: str, gen: Callable[..., Routing], params: tuple = (), help: str = "",
+                     hooks: RoutingHooks = RoutingHooks()) -> Callable[..., Routing]:
+    """Add a routing: ``gen(num_tokens, num_experts, top_k, rank, world, seed, step=0,
+    **own) -> Routing`` taking the own parameters ``params``; ``help`` is its line in
+    `commbench list` (default: the generator's first docstring line)."""
+    if name in ROUTINGS and ROUTINGS[name] is not gen:
+        raise ValueError(f"routing {name!r} is already registered")
+    ROUTINGS[name] = gen
+    ROUTING_PARAMS[name] = tuple(params)
+    ROUTING_HELP[name] = help or (gen.__doc__ or "").strip().split("\n")[0]
+    ROUTING_HOOKS[name] = hooks
+    return gen
+
 
 def _given(params: dict) -> dict:
     """None means "not given": a CLI may hold every routing's options at None."""
@@ -302,9 +241,9 @@ def _given(params: dict) -> dict:
 
 def make_routing(name: str, **params) -> Routing:
     """``make_routing("zipf", num_tokens=4096, num_experts=256, top_k=8, rank=r,
-    world=8, seed=0, alpha=1.0)``. Parameters set to None take their defaults."""
+    world=8, seed=0, step=0, alpha=1.0)``. Parameters set to None take their defaults."""
     params = _given(params)
-    missing = [k for k in COMMON_KEYS if k not in params]
+    missing = [k for k in _REQUIRED_KEYS if k not in params]
     if missing:
         raise ValueError(f"routing {name!r} needs {', '.join(missing)}")
     validate_routing_params(name, params, params["num_experts"], params["top_k"],
@@ -337,7 +276,10 @@ def _validate(name: str, own: dict, num_experts: int, top_k: int, world: int,
     if num_experts % world:
         raise ValueError(f"num_experts {num_experts} is not divisible by world {world}")
 
-    if name == "balanced":
+    hooks = ROUTING_HOOKS.get(name)
+    if hooks is not None and hooks.validate is not None:
+        hooks.validate(own, num_experts, top_k, world, num_tokens)
+    elif name == "balanced":
         if num_tokens is not None and (num_tokens * world * top_k) % num_experts:
             raise ValueError(
                 f"balanced routing needs num_tokens*world*top_k ({num_tokens}*{world}*{top_k}"
@@ -393,6 +335,8 @@ def validate_routing_params(name: str, params: dict, num_experts: int, top_k: in
         raise ValueError(f"routing {name!r} takes no parameter {', '.join(unknown)}")
     if num_tokens is None:
         num_tokens = given.get("num_tokens")
+    if "step" in given and (not _is_int(given["step"]) or given["step"] < 0):
+        raise ValueError(f"step must be a non-negative integer, got {given['step']!r}")
     own = {k: given[k] for k in ROUTING_PARAMS[name] if k in given}
     _validate(name, own, num_experts, top_k, world, num_tokens)
 
@@ -401,19 +345,23 @@ def validate_routing_params(name: str, params: dict, num_experts: int, top_k: in
 
 
 def expert_probabilities(name: str, num_experts: int, world: int, *,
-                         seed: int | None = None, **params) -> np.ndarray:
+                         seed: int | None = None, top_k: int | None = None, step: int = 0,
+                         **params) -> np.ndarray:
     """Per-expert selection weights (float64 (E,), summing to 1) a routing samples from.
 
     These are the weights of each draw, not the marginal chance that a token picks
     the expert: without replacement the hot experts are picked less often than their
     weight share. zipf needs ``seed`` (it fixes which experts are hot); the others
     ignore it. uniform, balanced and group_limited give every expert the same
-    marginal load.
+    marginal load. A registered routing's weights may depend on top_k and step.
     """
     params = _given(params)
     if name not in ROUTINGS:
         raise ValueError(f"unknown routing {name!r}; choose one of {', '.join(ROUTINGS)}")
-    if name == "zipf":
+    hooks = ROUTING_HOOKS.get(name)
+    if hooks is not None and hooks.probabilities is not None:
+        w = hooks.probabilities(num_experts, top_k, world, seed, step, params)
+    elif name == "zipf":
         if seed is None:
             raise ValueError("zipf expert popularity depends on the seed: pass seed")
         alpha = float(params.get("alpha", 1.0))
@@ -431,10 +379,10 @@ def expert_probabilities(name: str, num_experts: int, world: int, *,
 
 
 def expected_rank_load_share(name: str, num_experts: int, top_k: int, world: int, *,
-                             seed: int | None = None, num_samples: int = 1 << 18,
-                             **params) -> np.ndarray:
+                             seed: int | None = None, step: int = 0,
+                             num_samples: int = 1 << 18, **params) -> np.ndarray:
     """Expected share (float64 (world,), sums to 1) of all (token, expert) pairs that
-    land on each rank, so a run can compare the measured hottest rank with it.
+    land on each rank at ``step``, so a run can compare the measured hottest rank with it.
 
     - uniform, balanced, group_limited: exactly 1/world each (every expert has the
       same marginal; group_limited by symmetry of the group and expert draws).
@@ -445,29 +393,22 @@ def expected_rank_load_share(name: str, num_experts: int, top_k: int, world: int
       of ``num_samples`` tokens drawn with the generator's own sampler (from a stream
       apart from every rank's). With the default 2**18 tokens the standard error of
       each share is below 4e-4 for K = 8 (it shrinks as 1/sqrt(num_samples)).
+    - a registered routing: its closed form where it has one (workloads.py), else a
+      Monte-Carlo over about ``num_samples`` tokens of its own generator, all ranks.
     """
     params = _given(params)
     validate_routing_params(name, params, num_experts, top_k, world)
     per_rank = num_experts // world
+    hooks = ROUTING_HOOKS.get(name)
+    if hooks is not None:
+        if hooks.expected_share is not None:
+            return np.asarray(hooks.expected_share(num_experts, top_k, world, seed, step, params),
+                              dtype=np.float64)
+        return _monte_carlo_share(name, num_experts, top_k, world, seed, step, num_samples, params)
     if name == "hot_rank":
-        r = float(params.get("ratio", 2.0))
         hot = int(params.get("hot", 0))
-        a, b = per_rank, num_experts - per_rank
-        # dist[h] = P(h of the picks so far are hot-rank experts)
-        dist = np.zeros(top_k + 1)
-        dist[0] = 1.0
-        for i in range(top_k):
-            h = np.arange(i + 1, dtype=np.float64)
-            # States past a full hot rank (h > a) are unreachable; keep them at 0.
-            hot_w = r * np.maximum(a - h, 0.0)
-            cold_w = np.maximum(b - (i - h), 0.0)
-            den = hot_w + cold_w
-            p_hot = np.divide(hot_w, den, out=np.zeros_like(den), where=den > 0)
-            nxt = np.zeros_like(dist)
-            nxt[1:i + 2] += dist[:i + 1] * p_hot
-            nxt[:i + 1] += dist[:i + 1] * (1.0 - p_hot)
-            dist = nxt
-        hot_share = float(np.dot(np.arange(top_k + 1), dist)) / top_k
+        hot_share = _hot_pick_share(per_rank, num_experts - per_rank, top_k,
+                                    float(params.get("ratio", 2.0)))
         share = np.full(world, (1.0 - hot_share) / (world - 1) if world > 1 else 0.0)
         share[hot] = hot_share
         return share
@@ -483,6 +424,18 @@ def expected_rank_load_share(name: str, num_experts: int, top_k: int, world: int
         per_rank_counts = counts.reshape(world, per_rank).sum(axis=1)
         return per_rank_counts / per_rank_counts.sum()
     return np.full(world, 1.0 / world)
+
+
+def _monte_carlo_share(name: str, num_experts: int, top_k: int, world: int, seed: int | None,
+                       step: int, num_samples: int, own: dict) -> np.ndarray:
+    """Every rank's routing at (seed or 0, step), about num_samples tokens in all."""
+    tokens = max(1, -(-num_samples // world))
+    counts = np.zeros(world, dtype=np.int64)
+    for rank in range(world):
+        r = make_routing(name, num_tokens=tokens, num_experts=num_experts, top_k=top_k, rank=rank,
+                         world=world, seed=seed or 0, step=step, **own)
+        counts += np.bincount(r.topk_idx.ravel() // (num_experts // world), minlength=world)
+    return counts / max(int(counts.sum()), 1)
 
 
 def expected_load_imbalance(name: str, num_experts: int, top_k: int, world: int, *,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from commbench.core.errors import UsageError
 from commbench.core.safe_write import write_atomic
-from commbench.report import plots
+from commbench.report import plots, shootout_view
 from commbench.report.document import Section
 from commbench.report.sections import (
     benchmark_sections,
@@ -196,7 +196,10 @@ def render_report(df, metas: dict, out_dir, profile=None, title: str = "commbenc
         figures = plots.make_figures(df, fig_dir, profile)
     else:
         notes.append("matplotlib is not installed: no figures (pip install 'commbench[plot]')")
-    sections = benchmark_sections(df, figures, _floors(metas, profile))
+    # The dispatcher shoot-out answers its run's question: ahead of the tables it rests on.
+    sections = shootout_view.sections(df, metas, fig_dir if plots.have_matplotlib() else None)
+    figures.update({f.name: f for s in sections for f in s.figures})
+    sections += benchmark_sections(df, figures, _floors(metas, profile))
     for s in (scaling_section(df, figures), fit_section(df)):
         if s is not None:
             sections.append(s)

@@ -76,12 +76,16 @@ def projection_table(kind: str, title: str, rows: list[dict], plain: bool) -> Ta
     t = Table(title=title, box=box.ASCII if plain else box.SIMPLE_HEAD)
     # placement: how the world sits on the domains (2 x 64/72: two racks, 64 of 72 GPUs each).
     if kind == "moe":
-        cols = ("world", "placement", "case", "NIC copies/token", "NVLink copies/token", "dispatch (us)",
-                "combine (us)", "bottleneck")
+        # routing and skew only when a workload or trace adds skewed rows beside the uniform ones
+        skewed = any(r.get("routing", "uniform") != "uniform" for r in rows)
+        cols = ("world", "placement", "dispatcher (case)") + (("routing", "skew") if skewed else ()) + (
+            "NIC copies/token", "NVLink copies/token", "dispatch (us)", "combine (us)", "bottleneck")
         for c in cols:
-            t.add_column(c, justify="left" if c in ("case", "bottleneck", "placement") else "right")
+            t.add_column(c, justify="left" if c in ("dispatcher (case)", "routing", "bottleneck", "placement")
+                         else "right")
         for r in rows:
-            t.add_row(str(r["world"]), str(r.get("placement", "")), r["case"], f"{r['nic_copies_per_token']:.3f}",
+            t.add_row(str(r["world"]), str(r.get("placement", "")), moe_case_cell(r),
+                      *((r["routing"], skew_cell(r)) if skewed else ()), f"{r['nic_copies_per_token']:.3f}",
                       f"{r['nvl_copies_per_token']:.3f}", f"{r['dispatch_us']:.1f}", f"{r['combine_us']:.1f}",
                       f"{r['dispatch_bottleneck']} ({r['dispatch_bound']})")
     else:
@@ -100,11 +104,34 @@ def nccl_pick_line(world: int, nbytes: int, pick: dict) -> str:
     return f"NCCL would pick at world {world}, {fmt_size(nbytes)}: {pick['nccl']} {pick['time_us']:.4g} us: {pick['why']}"
 
 
+def moe_case_cell(r: dict) -> str:
+    """A MoE row's dispatcher as the benchmark names it, with the byte accounting's case."""
+    d, c = r.get("dispatcher"), r.get("case") or ""
+    return f"{d} ({c})" if d and d != c else c
+
+
+def skew_cell(r: dict) -> str:
+    """A MoE row's skew: one factor, or NVLink's and the NIC's where they differ."""
+    nvl, nic = r.get("nvl_skew", r.get("skew", 1.0)), r.get("nic_skew")
+    return f"x{nvl:.2f}" if nic is None or abs(nic - nvl) < 5e-3 else f"x{nvl:.2f} NVL, x{nic:.2f} NIC"
+
+
+def skew_lines(rows: list[dict]) -> list[str]:
+    """What each world's skewed rows rest on, one line a world (model_skew's basis)."""
+    said: dict = {}
+    for r in rows:
+        if r.get("skew_basis"):
+            said.setdefault(r["world"], f"skew at world {r['world']}: {r['skew_basis']}; each tier's bandwidth "
+                                        "term x its skew, latency unchanged")
+    return list(said.values())
+
+
 def left_out_lines(skipped: list[dict]) -> list[str]:
     """Every case the model left out, with its reason, each said once: never silently."""
     said: list[str] = []
     for sk in skipped:
-        line = f"left out: world {sk['world']} {sk.get('case') or ''}: {sk['reason']}".replace("  ", " ")
+        what = f" {moe_case_cell(sk)}" if sk.get("case") else ""
+        line = f"left out: world {sk['world']}{what}: {sk['reason']}"
         if line not in said:
             said.append(line)
     return said

@@ -10,6 +10,9 @@ from commbench.benchmarks import get
 from commbench.core.units import fmt_size
 from commbench.report.terminal import stdout_is_tty
 
+# The rows of one point a progress line shows (a pairs point has one row a pair and repeat).
+SHOWN_ROWS = 4
+
 
 class Progress:
     """Rank 0's progress: a rich bar on a terminal, one plain line per point otherwise.
@@ -60,6 +63,12 @@ class Progress:
         return " ".join(x for x in (f"{point.benchmark} w{point.world}", fmt_size(point.nbytes) if sized else "",
                                     point.dtype if sized else "", "in-place" if point.in_place else "", params) if x)
 
+    def skipped(self, point):
+        """A point that could not run here (no rows; the sweep says why): counted."""
+        self.done += 1
+        if self.tty:
+            self.bar.update(self.task, advance=self.weight.get(id(point), 1.0), points=f"{self.done}/{self.total}")
+
     def update(self, point, rows):
         self.done += 1
         if not self.enabled:
@@ -71,7 +80,9 @@ class Progress:
         else:
             figs = "; ".join(f"{r.get('stage') or 'p50'} {r['time_us_p50']:.2f} us " + (
                 f"{r['remote_gbps']:.3f} GB/s ours" if r.get("remote_gbps") is not None  # moe: the tables' rate
-                else f"busbw {r['busbw_gbps']:.3f} GB/s") for r in rows)
+                else f"busbw {r['busbw_gbps']:.3f} GB/s") for r in rows[:SHOWN_ROWS])
+            if len(rows) > SHOWN_ROWS:  # a point of many rows (pairs: one a pair and repeat)
+                figs += f"; and {len(rows) - SHOWN_ROWS} more rows"
             print(f"[{self.done}/{self.total}] {desc}: {figs}; check {rows[0]['check']}", flush=True)
 
     def close(self):

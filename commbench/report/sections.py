@@ -24,7 +24,13 @@ from commbench.report.fmt import fmt, num, size_cells, text
 from commbench.report.judgements import judge_ceiling, judge_efficiency, judge_latency
 from commbench.report.order import params_order
 from commbench.report.repeat_findings import fastest_repeat, per_repeat, repeat_medians
-from commbench.report.terminal import METRIC_NAMES, own_metrics_caption, planted_line, time_caption
+from commbench.report.terminal import (
+    METRIC_NAMES,
+    own_metrics_caption,
+    planted_line,
+    skipped_point_lines,
+    time_caption,
+)
 from commbench.report.variants_view import variant_comparisons
 
 # ---------------------------------------------------------------------------------------
@@ -60,6 +66,9 @@ def run_header(name: str, meta: dict) -> list[tuple[str, str]]:
         out.append(("ceiling profile", str(ceil["profile"])))
     if meta.get("import_notes"):
         out.append(("import notes", "; ".join(meta["import_notes"])))
+    skipped = skipped_point_lines([meta])
+    if skipped:
+        out.append(("skipped points", "; ".join(line.removeprefix("skipped: ") for line in skipped)))
     if meta.get("command"):
         out.append(("command", command_line(meta["command"])))
     return out

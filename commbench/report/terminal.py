@@ -12,6 +12,7 @@ from commbench.core import hoststate
 from commbench.core.hoststate import host_line
 from commbench.core.schema import has, per_params
 from commbench.core.units import fmt_size
+from commbench.report import shootout_view
 from commbench.report import views as bench_views
 from commbench.report.fmt import fixed, is_number, num, records, size_cells, text
 from commbench.report.order import params_order
@@ -20,6 +21,7 @@ from commbench.report.tables import ALWAYS, COMPACT, WIDE, add_column, print_tab
 from commbench.report.variants_view import variant_comparisons
 from commbench.report.viewsettings import View
 from commbench.report.warnings_view import say_warnings
+from commbench.store.load import names_for
 
 
 def stdout_is_tty() -> bool:
@@ -345,10 +347,14 @@ def print_report(df, runs, view: View = View()) -> None:
             print(f"run {p}: suite {meta.get('suite')} backend {meta.get('backend')} world {meta.get('world')} "
                   f"status {meta.get('status')} hosts {','.join(sorted(set(meta.get('hosts', []))))}; "
                   f"{host_line(meta)}")
+    for line in skipped_point_lines(meta for _, meta in runs):
+        print(line, flush=True)
     if df.empty:
         print("no rows")
         return
     print_tables(df, view=view)
+    for line in shootout_view.terminal_lines(df, dict(zip(names_for([p for p, _ in runs]), (m for _, m in runs)))):
+        print(line, flush=True)
     analysis_tables(df, view=view)
     if "variant" in df and df["variant"].nunique() > 1 and view.style == "table":
         variant_tables(df, None, skipped_variants(meta for _, meta in runs), view=view)
@@ -356,6 +362,19 @@ def print_report(df, runs, view: View = View()) -> None:
     if planted:
         print(f"warning: {planted}", flush=True)
     say_warnings(df, sys.stdout, verbose=view.verbose)
+
+
+def skipped_point_lines(metas) -> list[str]:
+    """A line per benchmark, dispatcher and reason of the points the runs skipped (meta.json
+    `skipped_points`: they could not run on that backend, device or node count)."""
+    counts: dict[tuple, int] = {}
+    for meta in metas:
+        for s in (meta or {}).get("skipped_points") or []:
+            if isinstance(s, dict):
+                d = (s.get("params") or {}).get("dispatcher")
+                key = (f"{s.get('benchmark')}" + (f" dispatcher={d}" if d else ""), s.get("reason"))
+                counts[key] = counts.get(key, 0) + 1
+    return [f"skipped: {what} ({n} point{'s' if n != 1 else ''}): {why}" for (what, why), n in counts.items()]
 
 
 def skipped_variants(metas) -> dict:

@@ -4,7 +4,7 @@ A benchmark names its view (`Benchmark.view`, "collective" by default); a view i
 registered here under that name with up to three functions (its terminal tables, its
 figures, its report sections). A function a view leaves out means the generic collective
 one (terminal.collective_table, plots' busbw and latency figures, sections'
-collective_section). The built-in views (collective, moe, overlap) are registered below;
+collective_section). The built-in views (collective, moe, overlap, pairs) are registered below;
 a plug-in registers its own the same way, with register_view, in the module that
 registers its benchmark. The views live in the report layer, above the benchmarks, so a
 benchmark never imports its presentation."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from commbench.core.errors import UsageError
-from commbench.report import moe_figures, moe_view, overlap_view
+from commbench.report import moe_figures, moe_view, overlap_view, pairs_view
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,6 @@ register_view("overlap", tables=lambda b, rows, plain: [overlap_view.terminal_ta
               figures=lambda b, rows, out_dir: [f for f in (overlap_view.figure(rows, out_dir, b.name),)
                                                 if f is not None],
               sections=lambda b, rows, figs: [overlap_view.section(rows, figs)])
+register_view("pairs", tables=lambda b, rows, plain: pairs_view.terminal_tables(rows, plain),
+              figures=lambda b, rows, out_dir: pairs_view.figures(rows, out_dir, b.name),
+              sections=lambda b, rows, figs: pairs_view.sections(rows, figs))

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 from commbench.backends.torch_backend import symm_mem_support
+from commbench.report import shootout_view
 from commbench.report.terminal import variant_tables
 from commbench.report.viewsettings import from_argv
 from commbench.run.variants import lookup
-from commbench.store.load import load
+from commbench.store.load import load, names_for
 from commbench.store.record import Status
-from commbench.store.results import RunDir
+from commbench.store.results import RunDir, load_meta
 
 from . import contract, launcher, stops
 from .variants import nccl_algorithms, ompi_selected_component, requested_ompi_component
@@ -130,6 +131,9 @@ def run_variants(vplan, np_: int, backend: str, child_argv: list[str], out: str,
         # skipped ones were announced above; a baseline that did not run leaves the choice to the report
         if len(vplan.entries) > 1:  # one variant (a plain run with repeats): its launches printed its tables
             variant_tables(df, vplan.baseline if vplan.baseline in ran else None, view=from_argv(child_argv))
+        if repeat > 1:  # the shoot-out's verdicts rest on every repeat: said once they all ran
+            for line in shootout_view.terminal_lines(df, {name: load_meta(out) for name in names_for([out])}):
+                print(line, flush=True)
     return stops.exit_status(stop) if stop is not None else status
 
 

@@ -10,7 +10,15 @@ slower peer and turn every wait into a new one. Where the op has the MPI backend
 timing loop the spin runs inside it (mpi_timeloop: spin_s), so a planted point is timed like
 any other; elsewhere the Python loop times a wrapper, and a fair A/B plants the same points at
 0 % on the other side, which pays the wrapper's call too. Unset, nothing is wrapped and
-nothing costs anything."""
+nothing costs anything.
+
+The pairs benchmark has a hook of its own, as a test hook too: COMMBENCH_PLANT_PAIR=A-B (two
+ranks) and COMMBENCH_PLANT_PAIR_DELAY_US=D make every exchange between ranks A and B last D
+microseconds longer (both ends sleep D after each one), so a test can plant one slow link and
+check that the verdict names it; COMMBENCH_PLANT_PAIRS_BASE_US=B adds B to every pair's
+exchanges first, a base rate that sets the pace instead of a loopback host's few cores (as
+a shaped link does between namespace hosts). Rows of a planted run carry planted_pair and
+planted_base_us."""
 from __future__ import annotations
 
 import os
@@ -32,6 +40,7 @@ def setting(environ=None) -> tuple[tuple[str, ...], float] | None:
     """The points the hook names (benchmark:dtype:bytes) and the delay in per cent, or None
     when it names none. Anything else is refused in one line, before any rank starts."""
     environ = os.environ if environ is None else environ
+    pair_setting(environ)  # refused with the rest, before any rank starts
     names = tuple(dict.fromkeys(x.strip() for x in environ.get(POINTS_ENV, "").split(",") if x.strip()))
     if not names:
         return None
@@ -48,6 +57,69 @@ def setting(environ=None) -> tuple[tuple[str, ...], float] | None:
     return names, pct
 
 
+PAIR_ENV = "COMMBENCH_PLANT_PAIR"
+PAIR_DELAY_ENV = "COMMBENCH_PLANT_PAIR_DELAY_US"
+PAIRS_BASE_ENV = "COMMBENCH_PLANT_PAIRS_BASE_US"
+# A planted delay may reach a second per exchange, no more (as MAX_PCT: a slow link, not a
+# hang the watchdog would blame on the benchmark).
+MAX_PAIR_DELAY_US = 1e6
+
+
+def _delay_us(environ, name: str) -> float:
+    raw = environ.get(name, "0")
+    try:
+        us = float(raw)
+    except ValueError:
+        us = float("nan")
+    if not 0 <= us <= MAX_PAIR_DELAY_US:  # NaN fails too
+        raise UsageError(f"{name} must be a number from 0 to {MAX_PAIR_DELAY_US:g} (microseconds), got {raw!r}")
+    return us
+
+
+def pair_setting(environ=None) -> tuple[frozenset, float, float] | None:
+    """The planted pair (its two ranks, or none), its delay and the base delay of every
+    pair, in microseconds; None when neither is set. Anything else refused in one line,
+    before any rank starts."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(PAIR_ENV, "").strip()
+    base = _delay_us(environ, PAIRS_BASE_ENV)
+    if not raw and not base:
+        return None
+    ends = raw.split("-") if raw else []
+    if raw and (len(ends) != 2 or not all(e.strip().isdigit() for e in ends) or ends[0].strip() == ends[1].strip()):
+        raise UsageError(f"{PAIR_ENV} names one pair of ranks as A-B (two different ranks), got {raw!r}")
+    return frozenset(int(e) for e in ends), _delay_us(environ, PAIR_DELAY_ENV), base
+
+
+def pair_tags() -> dict:
+    """What every row of a planted pairs run says of the hook ({} when it is off)."""
+    s = pair_setting()
+    if s is None:
+        return {}
+    return {**({"planted_pair": "-".join(map(str, sorted(s[0])))} if s[0] else {}),
+            **({"planted_base_us": s[2]} if s[2] else {})}
+
+
+def pair_op(op, rank: int, peer: int):
+    """op, followed by the planted delay: the base delay of every pair, plus the planted
+    pair's when rank and peer are its two ends; op itself when there is none. The delay
+    sleeps, where the point hook spins: a slow link keeps its ends waiting, not computing,
+    and a spin would take the cores of the round's other pairs on a loopback host with fewer
+    cores than ranks, slowing them too (a sleep's late wake-up, tens of microseconds, is
+    noise beside delays of milliseconds). The Python loop times it (the compiled loop has
+    no sleep)."""
+    s = pair_setting()
+    delay_us = 0.0 if s is None else s[2] + (s[1] if {rank, peer} == s[0] else 0.0)
+    if not delay_us:
+        return op
+    delay_s = delay_us * 1e-6
+
+    def slowed():
+        op()
+        time.sleep(delay_s)
+    return slowed
+
+
 def point_name(point) -> str:
     return f"{point.benchmark}:{point.dtype}:{point.nbytes}"
 
@@ -61,6 +133,13 @@ def planted_pct(point) -> float | None:
 def warning_line(points, environ=None) -> str | None:
     """The start of a run says loudly that the hook is on, and where (None: it is off)."""
     s = setting(environ)
+    pair = pair_setting(environ)
+    if pair is not None:
+        ends, us, base = pair
+        what = "; ".join(x for x in (f"every exchange {base:g} us" if base else "",
+                                     f"ranks {'-'.join(map(str, sorted(ends)))} {us:g} us more" if ends else "") if x)
+        return (f"warning: {PAIRS_BASE_ENV}, {PAIR_ENV} or {PAIR_DELAY_ENV} is set: the pairs benchmark's test hook "
+                f"slows {what} (unset them to measure); rows carry planted_pair, planted_base_us")
     if s is None:
         return None
     names, pct = s

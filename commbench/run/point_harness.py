@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commbench.analyse import pairs as pairs_analysis
 from commbench.backends.timing import clock_name
 from commbench.benchmarks import get
 from commbench.core import hoststate
@@ -33,6 +34,28 @@ class Harness:
         self.per_op_events = bool(cfg.per_op_events)
         self.ranks_per_core = 1.0  # of the communicator the points run on (sweep sets it per world)
         self.repeat = 1  # which repeat of its point this is (cfg.repeat)
+        # What a point leaves beside its rows (rank 0's): files for the run directory, meta
+        # entries and lines to say; the sweep takes them after the point (take_kept).
+        self.kept: dict = {"files": {}, "meta": {}, "lines": []}
+        self.pair_tags = plant.pair_tags()  # the pairs benchmark's test hook, said in its rows
+
+    # The pairs benchmark's schedule and verdict are analysis (analyse/pairs.py), a layer
+    # above the benchmarks: the harness hands them over.
+    pairs = pairs_analysis
+
+    def pair_op(self, op, rank: int, peer: int):
+        """An exchange of the pairs benchmark as it is timed (plant.py's planted pair)."""
+        return plant.pair_op(op, rank, peer)
+
+    def keep(self, files: dict | None = None, meta: dict | None = None, lines: list | None = None) -> None:
+        """Files (name -> text), meta.json entries and lines a point leaves (rank 0)."""
+        self.kept["files"].update(files or {})
+        self.kept["meta"].update(meta or {})
+        self.kept["lines"].extend(lines or [])
+
+    def take_kept(self) -> dict:
+        kept, self.kept = self.kept, {"files": {}, "meta": {}, "lines": []}
+        return kept
 
     def arm(self, phase: str, budget_s: float = 0.0) -> None:
         if self.guard is not None:
@@ -96,7 +119,7 @@ class Harness:
 
     def time_steps(self, comm, point, step, traffic, stage: str = "", laps: tuple = (),
                    barrier_each: bool | None = None, after_each=None, hold: bool = False,
-                   host_waits: tuple = ()) -> tuple[dict, np.ndarray]:
+                   host_waits: tuple = (), restart=None) -> tuple[dict, np.ndarray]:
         """A multi-stage step (moe's dispatch, overlap's overlapped run): step(lap) runs one
         iteration and calls lap() after each stage named in `laps`. The fragment gets
         stage_us_<name> (median over iterations of the slowest rank's time); the per-iteration
@@ -104,7 +127,9 @@ class Harness:
         after_each(i), if given, runs after iteration i outside its timing (a benchmark's own
         per-iteration bookkeeping). hold: on a device, hold the stream while each step is
         enqueued; host_waits: the names of the stages in `laps` that wait for the device on
-        the host (the hold is let go before them and put up again after)."""
+        the host (the hold is let go before them and put up again after). restart(), if
+        given, runs before the warm-up and again before the timed loop (a benchmark whose
+        iterations cycle through states starts each loop at the first)."""
         barrier = self.barrier_each if barrier_each is None else barrier_each
         kw = {"hold": True} if hold else {}
         if hold and host_waits:
@@ -121,6 +146,8 @@ class Harness:
 
         def timer(n):
             count[0] = 0
+            if restart is not None:
+                restart()
             return comm.time_steps(run, n, len(laps), barrier, **kw)
         frag, lap_s = self._sample(comm, timer, traffic, stage)
         lap_s = comm.max_over_ranks(lap_s.ravel()).reshape(lap_s.shape) if lap_s.size else lap_s

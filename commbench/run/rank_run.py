@@ -28,8 +28,8 @@ from commbench.report.warnings_view import say_warnings
 from commbench.run.contract import held_by_my_launcher, launch_id_or_new, repeat_upto, say_marked
 from commbench.run.guard import Guard, teardown_bound
 from commbench.run.plan import point_seconds
-from commbench.run.point_harness import Harness, repeat_suffix
-from commbench.run.spec import RunSpec, refuse_disagreement
+from commbench.run.point_harness import Harness, describe_point, repeat_suffix
+from commbench.run.spec import RunSpec, check_nodes, refuse_disagreement
 from commbench.run.suite import SuiteConfig
 from commbench.run.variants import Variant, lookup
 from commbench.store.lock import RunLock
@@ -108,6 +108,7 @@ class RunContext:
     host_start: dict = field(default_factory=dict)  # hoststate.snapshot() at the start (rank 0)
     lock: RunLock | None = None  # rank 0 under an external launcher: the run directory's one-writer lock
     launch_id: str = ""  # this launch's; meta.json carries it beside every status rank 0 writes
+    said: list = field(default_factory=list)  # lines the points left (the pairs verdict), said again at the end
 
     @property
     def is_root(self) -> bool:
@@ -128,7 +129,7 @@ def run(spec: RunSpec, points: list, notes: list[str], argv: list[str], variant:
     one variant; returns the exit status. resume: the spec's out holds an unfinished run of
     this suite; its finished points are skipped. join: it may hold this suite's run for other
     variants: add to it."""
-    ctx = start(spec, variant, join or resume)
+    ctx = start(spec, variant, join or resume, points)
     ctx.points, ctx.notes = points, notes
     try:
         open_run(ctx, argv, spec.ranks_per_node, spec.profile_overrides, resume)
@@ -184,7 +185,7 @@ def fail(ctx: RunContext, e: BaseException, where: str, progress) -> None:
     raise e
 
 
-def start(spec: RunSpec, variant_name: str, reuse_ceiling: bool) -> RunContext:
+def start(spec: RunSpec, variant_name: str, reuse_ceiling: bool, points: list = ()) -> RunContext:
     """Variant settings into the environment, the backend up, the ranks agreed on one spec,
     the watchdog armed, the hosts grouped into nodes and the ceiling profile chosen."""
 
@@ -221,6 +222,11 @@ def start(spec: RunSpec, variant_name: str, reuse_ceiling: bool) -> RunContext:
     guard.arm("start-up")
     hosts = world.allgather_obj(socket.gethostname())
     nodes = node_ids(hosts, spec.ranks_per_node)
+    try:  # every rank has the same hosts: all refuse at once (rank 0 says it), before any measurement
+        check_nodes(points, nodes)
+    except UsageError:
+        guard.stop()
+        raise
     cores = world.allgather_obj(hoststate.cores())
     if world.rank == 0:  # said before anything is measured, not only in the report afterwards
         over = hoststate.oversubscription_line(hoststate.ranks_per_core(hosts, cores), hosts, cores)
@@ -287,7 +293,7 @@ def open_run(ctx: RunContext, argv, ranks_per_node, profile_overrides, resume: b
         rec = rd.record
         rec.read()  # nothing, or only the spec its launcher wrote, for a new run
         if rec.is_open_run():
-            done = rd.done_keys()
+            done = rd.done_keys() | rec.skipped_keys()  # a skipped point is done: not asked again
             rec.reopen(argv, resume)
         else:
             rec.open_new(argv, suite=cfg.name, config=_cfg_dict(cfg), backend=ctx.backend_name,
@@ -360,12 +366,18 @@ def sweep(ctx: RunContext) -> list[dict]:
                 comm.node_of_rank = ctx.nodes[:w]  # for per-tier (scale-up / scale-out) accounting
                 for point, rep in ((p, r) for p, r in zip(ctx.todo, ctx.reps) if p.world == w):
                     harness.repeat = rep
+                    why = get(point.benchmark).skip_reason(comm, point)
+                    if why:  # every rank says the same (the comm's facts): none sets up
+                        skip_point(ctx, comm, point, rep, why)
+                        progress.skipped(point)
+                        continue
                     point_rows = harness.run_point(comm, point)
                     if ctx.is_root:
                         for r in point_rows:
                             add_ceiling(r, ctx.profile, ctx.nodes)
                             r["launch"] = ctx.launch_id  # repeats in fresh launches: told apart by it
                         ctx.run_dir.append_point(point_rows)
+                        keep_results(ctx, harness.take_kept())
                         rows.extend(point_rows)
                         progress.update(point, point_rows)
             # Ranks outside world w wait here for the others, as long as the sweep takes.
@@ -377,6 +389,31 @@ def sweep(ctx: RunContext) -> list[dict]:
         fail(ctx, e, harness.where or "start-up", progress)
     progress.close()
     return rows
+
+
+def keep_results(ctx: RunContext, kept: dict) -> None:
+    """What a point left beside its rows (Harness.keep): files in the run directory, meta
+    entries, and lines said now (their indented details too) and again at the end of the run."""
+    for name, text in kept["files"].items():
+        ctx.run_dir.write_file(name, text)
+    if kept["meta"]:
+        ctx.run_dir.record.note_results(kept["meta"])
+    for line in kept["lines"]:
+        print(line, flush=True)
+    ctx.said.extend(x for x in kept["lines"] if not x.startswith(" "))  # the end repeats the headlines
+
+
+def skip_point(ctx: RunContext, comm, point, rep: int, why: str) -> None:
+    """A point that cannot run here: rank 0 says so in one line and records it (no rows)."""
+    if ctx.is_root:
+        key = point_key(point.benchmark, point.world, point.nbytes, point.dtype, point.params, ctx.variant.name,
+                        get(point.benchmark).placement(comm, point)) + repeat_suffix(rep)
+        bench = get(point.benchmark)  # the params that tell the point from the default one
+        own = " ".join(f"{k}={v}" for k, v in point.params.items() if k not in bench.params
+                       or v != bench.params[k].default)
+        what = f"{point.benchmark} {own} world {point.world}" if own else describe_point(point)
+        print(f"skipped: {what}: {why}", flush=True)
+        ctx.run_dir.record.point_skipped(key, point.benchmark, point.params, why)
 
 
 def finish(ctx: RunContext, rows: list[dict], view: View = View()) -> int:
@@ -412,6 +449,8 @@ def finish(ctx: RunContext, rows: list[dict], view: View = View()) -> int:
         # Worlds the launch chose (none named): a run of one says why it has no scaling table.
         analysis_tables(rows, say_no_scaling=ctx.cfg.worlds is None, view=view)
         say_warnings(rows, verbose=view.verbose)
+        for line in ctx.said:
+            print(line, flush=True)
         print(f"results: {rd.dir}", flush=True)
         if failed:
             print(f"error: {why}", file=sys.stderr, flush=True)

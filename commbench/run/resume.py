@@ -13,6 +13,7 @@ from commbench.core.schema import point_key
 from commbench.core.whoami import detect
 from commbench.run import contract, launcher, plan, plant, rank_run, suite
 from commbench.run.launcher_variants import resume_variants
+from commbench.run.point_harness import repeat_suffix
 from commbench.run.spec import RunSpec, from_saved
 from commbench.run.variants import plan as plan_variants
 from commbench.store.disk import check_out_dir
@@ -62,8 +63,10 @@ def print_resume_plan(spec: RunSpec, points: list, variants: list[str], run_dir)
         return point_key(p.benchmark, p.world, p.nbytes, p.dtype, p.params, variant), rep
     done = {(point_key(r["benchmark"], r["world"], r["nbytes"], r["dtype"], r["params"], r["variant"]),
              int(r.get("repeat") or 1)) for r in RunDir(run_dir).rows()}
+    # Points skipped as unable to run here are done too (the resume would not ask again).
+    skipped = {s.get("point_key") for s in load_meta(run_dir).get("skipped_points") or [] if isinstance(s, dict)}
     todo = [(p, rep) for v in variants for rep in range(1, repeat + 1) for p in points
-            if bare(v, p, rep) not in done]
+            if bare(v, p, rep) not in done and bare(v, p, rep)[0] + repeat_suffix(rep) not in skipped]
     total = len(points) * max(1, len(variants)) * repeat
     missing = sorted({rep for _, rep in todo})
     if detect().rank == 0:

@@ -192,6 +192,25 @@ def from_saved(run_dir, timeout_s: float | None = None) -> RunSpec:
 
 # --- the checks a spec passes when built -----------------------------------------------
 
+def launch_nodes(np_: int | None, world: int, ranks_per_node: int | None) -> int | None:
+    """The nodes a launch spans as far as the launcher knows: --ranks-per-node groups the
+    ranks; --np alone starts them all on this host. None under mpirun/srun without
+    --ranks-per-node: hostnames tell, on the ranks."""
+    if ranks_per_node:
+        return -(-world // ranks_per_node)
+    return 1 if np_ is not None else None
+
+
+def check_nodes(points: list, nodes) -> None:
+    """A point that cannot run on these nodes (a count, or the node of each rank), refused
+    in one line: at the launcher before any rank starts, on the ranks before any measurement."""
+    for p in points:
+        count = nodes if nodes is None or isinstance(nodes, int) else len(set(list(nodes)[:p.world]))
+        why = get(p.benchmark).nodes_refusal(p, count)
+        if why:
+            raise UsageError(why)
+
+
 def check_backend(cfg: SuiteConfig, backend: str, device: str) -> None:
     """What the chosen backend and device cannot run, refused before any rank starts."""
     if device == "cuda":

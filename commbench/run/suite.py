@@ -438,6 +438,8 @@ def expand(cfg: SuiteConfig, launched: int, backend_dtypes: tuple) -> tuple[list
     points, notes, seen = [], [], set()
     for world in worlds:
         for bench in benches:
+            if bench.whole_world_only and cfg.worlds is None and world != worlds[-1]:
+                continue  # a part of the launch's ranks is not what it measures
             if world < bench.min_world or (bench.even_world and world % 2):
                 need = "an even world" if bench.even_world else f">= {bench.min_world} ranks"
                 if cfg.worlds is not None:  # asked for by name: say why it cannot run

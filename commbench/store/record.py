@@ -354,10 +354,31 @@ class RunRecord:
             pass
 
     # --- notes beside the state ---
+    def point_skipped(self, point_key: str, benchmark: str, params: dict, reason: str) -> None:
+        """A point that cannot run on this run's backend, device or nodes (no rows), written
+        now. Once per key: it counts as done, and a resume does not ask again."""
+        skipped = self.meta.setdefault("skipped_points", [])
+        if all(s.get("point_key") != point_key for s in skipped):
+            skipped.append({"point_key": point_key, "benchmark": benchmark, "params": dict(params), "reason": reason})
+            self.write()
+
+    def skipped_keys(self) -> set[str]:
+        return {s["point_key"] for s in self.meta.get("skipped_points") or [] if isinstance(s, dict)
+                and s.get("point_key")}
+
     def add_control(self, entry: dict) -> None:
         """One control measurement (store/controls.py), written now: a launch that dies in
         its sweep keeps the measurement of its start."""
         self.meta.setdefault("controls", []).append(dict(entry))
+        self.write()
+
+    def note_results(self, entries: dict) -> None:
+        """What a benchmark concluded beside its rows (the pairs verdict), written now; every
+        entry is also added to `<key>s`, a list, so a sweep of several such points keeps
+        each one's."""
+        for key, value in entries.items():
+            self.meta[key] = value
+            self.meta.setdefault(f"{key}s", []).append(value)
         self.write()
 
     def note_ab(self, ab: dict) -> None:

@@ -143,6 +143,14 @@ class RunDir:
         while data:  # a regular file takes it whole unless the disk is full (then OSError)
             data = data[os.write(self._rows.fileno(), data):]
 
+    def write_file(self, name: str, text: str) -> None:
+        """A file a benchmark leaves beside the rows (pairs_matrix.csv), written whole or
+        not at all (a link of that name is replaced, not followed)."""
+        if "/" in name or name in ("", ".", "..", "rows.jsonl", "meta.json", "results.csv"):
+            raise ValueError(f"not a file a benchmark may write in a run directory: {name!r}")
+        with replacing(self.dir / name) as f:
+            f.write(text)
+
     def close_rows(self) -> None:
         if self._rows is not None:
             rows, self._rows = self._rows, None

@@ -8,7 +8,7 @@ from commbench.store.load import load
 from conftest import needs_mpi, needs_torch, run_cli, run_meta
 
 STANDARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "barrier"]
-OTHERS = ["moe", "overlap"]  # tested in test_moe_bench.py
+OTHERS = ["moe", "overlap", "pairs"]  # tested in test_moe_bench.py, test_overlap.py, test_pairs_bench.py
 
 
 def _run(tmp_path, backend, np_, benches, dtypes="float32", sizes="16:4K:16"):

@@ -17,7 +17,7 @@ from commbench.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 300
-SUBCOMMANDS = ("run", "list", "report", "compare", "ab", "import", "ceilings", "model")
+SUBCOMMANDS = ("run", "list", "report", "compare", "ab", "import", "ceilings", "model", "routing")
 # `commbench` followed by a subcommand, as a word of its own (not `commbench.load`, not a path
 # such as commbench/suites/quick.toml).
 COMMAND = re.compile(r"(?<![\w./-])commbench\s+(?=(?:%s)\b)" % "|".join(SUBCOMMANDS))

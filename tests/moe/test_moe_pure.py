@@ -167,7 +167,7 @@ def test_group_limited_respects_max_groups():
 
 
 def test_make_routing_dispatch_and_none_params():
-    assert set(rt.ROUTINGS) == set(GENERATORS)
+    assert set(GENERATORS) <= set(rt.ROUTINGS)  # the workloads (test_workloads.py) join them
     a = rt.make_routing("zipf", num_tokens=8, num_experts=E, top_k=K, rank=0, world=W,
                         seed=1, alpha=None, ratio=None)
     b = rt.zipf(8, E, K, 0, W, 1)

@@ -107,6 +107,7 @@ class HierState(StateRows):
     weight2: torch.Tensor | None = None
     split2: tuple | None = None
     perm: torch.Tensor | None = None
+    stride: int = 0             # token ids' stride (token_activations): the most tokens of any rank
 
     @property
     def local(self) -> int:
@@ -124,9 +125,11 @@ class HierMoE:
         self.device = engine.device
 
     def setup(self, topk: np.ndarray, weights: np.ndarray, num_experts: int, copies: str, hidden: int, dtype: str,
-              nodes: np.ndarray, fwd_of_node: np.ndarray, sizes: dict) -> HierState:
+              nodes: np.ndarray, fwd_of_node: np.ndarray, sizes: dict, stride: int = 0) -> HierState:
         """sizes: the host's n_send1, n_recv1, n_send2, n_recv for this rank (buffers are sized
-        once; the syncs check the device agrees). nodes: node index (0..) of each rank."""
+        once; the syncs check the device agrees). nodes: node index (0..) of each rank.
+        stride: token_activations' (0: this rank's tokens). The pool holds this rank's own
+        tokens (T, whatever the other ranks hold), then what the first tier brings."""
         dev, world, me = self.device, self.comm.size, self.comm.rank
         T, K = topk.shape
         rb_d, rb_c = row_nbytes(hidden, dtype), 2 * hidden
@@ -141,7 +144,8 @@ class HierMoE:
         # Own token rows with their routing appended, as they travel on the first tier; the
         # router hands both over together, so joining them is not a timed stage.
         pool = empty(T + r1, rbx)
-        pool[:T, :rb_d] = token_rows(me, torch.arange(T, device=dev), T, hidden, dtype)
+        stride = stride or int(T)
+        pool[:T, :rb_d] = token_rows(me, torch.arange(T, device=dev), stride, hidden, dtype)
         pool[:T, rb_d:rb_d + 4 * K] = topk_t.to(torch.int32).view(torch.uint8).view(T, 4 * K)
         if copies == "expert":
             w = torch.as_tensor(np.ascontiguousarray(weights), dtype=torch.float32).to(dev)
@@ -155,7 +159,8 @@ class HierMoE:
             empty(r2, hidden, dt=torch.bfloat16), empty(r2 * rb_c), empty(s2 * rb_c),
             empty(T + r1, hidden, dt=torch.float32), empty(r1 * rb_c), empty(s1 * rb_c),
             empty(T, hidden, dt=torch.float32), empty(chunk, hidden, dt=torch.float32),
-            empty(world, dt=torch.int64), empty(world * world * local, dt=torch.int64), cpu_threads, threads_before)
+            empty(world, dt=torch.int64), empty(world * world * local, dt=torch.int64), cpu_threads, threads_before,
+            stride=stride)
 
     def release(self, st: HierState) -> None:
         self.engine.release(st)
@@ -317,7 +322,7 @@ class HierMoE:
         """x times `factor` per token: exactly for rank copies (the partial sums are small
         integers times a power of two, exact in bf16); for expert copies each node's
         weighted partial sum crosses the first tier once in bf16, so within 2^-8."""
-        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.num_tokens, st.hidden)
+        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.stride, st.hidden)
         f = torch.as_tensor(np.asarray(factor, dtype=np.float64)).to(self.device)
         expect = (x.to(torch.float64) * f.unsqueeze(1)).to(torch.float32)
         if weighted:

@@ -89,6 +89,7 @@ class LowLatencyState:
     arrived: torch.Tensor | None = None      # (arrived,) the slot (row of recv_d) of each arrived row
     cpu_threads: int | None = None           # torch's intra-op threads on CPU while the point runs
     threads_before: int | None = None
+    stride: int = 0                          # token ids' stride (token_activations)
 
     @property
     def local(self) -> int:
@@ -121,9 +122,12 @@ class LowLatencyMoE:
         self.engine, self.comm, self.device = engine, engine.comm, engine.device
 
     def setup(self, topk: np.ndarray, weights: np.ndarray, num_experts: int, hidden: int, dtype: str,
-              capacity: int, recv_per_source_expert: np.ndarray) -> LowLatencyState:
+              capacity: int, recv_per_source_expert: np.ndarray, stride: int = 0) -> LowLatencyState:
         """recv_per_source_expert: int (world, local), the rows each source routes to each of
-        this rank's experts (from its regenerated routing): the receive split sizes."""
+        this rank's experts (from its regenerated routing): the receive split sizes.
+        capacity: slots per (source, expert), the same on every rank (0: this rank's tokens,
+        right only where every rank has as many); stride: token_activations', 0: this rank's
+        tokens."""
         dev, world = self.device, self.comm.size
         T, K = topk.shape
         C = int(capacity) if capacity else int(T)  # a token reaches an expert once: T never overflows
@@ -142,7 +146,8 @@ class LowLatencyMoE:
             start = np.concatenate(([0], np.cumsum(split)[:-1]))
             return torch.as_tensor((start[:, None] + np.arange(hdr)).ravel(), dtype=torch.int64).to(dev)
         src = torch.zeros(T + world * hdr, rb_d, dtype=torch.uint8, device=dev)  # headers zero past the counts
-        src[:T] = token_rows(self.comm.rank, torch.arange(T, device=dev), T, hidden, dtype)
+        stride = stride or int(T)
+        src[:T] = token_rows(self.comm.rank, torch.arange(T, device=dev), stride, hidden, dtype)
         gather = torch.zeros(n_send + 1, dtype=torch.int64, device=dev)
         gather[header_index(send_split)] = torch.arange(T, T + world * hdr, device=dev)  # the layout fills the rest
         n_arr = n_recv - world * hdr
@@ -154,7 +159,7 @@ class LowLatencyMoE:
             empty(n_send, rb_d), empty(n_recv, rb_d), empty(n_arr, rb_d), empty(E * C, rb_d), empty(E * C, rb_c),
             empty(n_arr, rb_c), empty(n_send - world * hdr + 1, rb_c), header_index(recv_split),
             empty(T, hidden, dt=torch.float32), empty(max(1, min(T * K, 4096)), hidden, dt=torch.float32))
-        st.cpu_threads, st.threads_before = threads, before
+        st.cpu_threads, st.threads_before, st.stride = threads, before, stride
         return st
 
     def release(self, st: LowLatencyState) -> None:
@@ -248,13 +253,13 @@ class LowLatencyMoE:
         for src, per_expert in enumerate(expected):
             for lo, idx in enumerate(per_expert):
                 idx = np.asarray(idx, dtype=np.int64)[:st.capacity]
-                want = token_rows(src, torch.as_tensor(idx).to(self.device), st.num_tokens, st.hidden, st.dtype)
+                want = token_rows(src, torch.as_tensor(idx).to(self.device), st.stride, st.hidden, st.dtype)
                 if not torch.equal(got[src, lo, :idx.size], want):
                     return False
         return True
 
     def check_combine(self, st: LowLatencyState, factor: np.ndarray) -> bool:
-        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.num_tokens, st.hidden)
+        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.stride, st.hidden)
         f = torch.as_tensor(np.asarray(factor, dtype=np.float64)).to(self.device)
         return bool(torch.allclose(st.out, (x.to(torch.float64) * f.unsqueeze(1)).to(torch.float32), rtol=1e-5,
                                    atol=0))

@@ -68,12 +68,13 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
-def token_activations(src: int, token_idx: torch.Tensor, num_tokens: int, hidden: int) -> torch.Tensor:
-    """bf16 (n, hidden): the activations of tokens `token_idx` of rank `src`.
+def token_activations(src: int, token_idx: torch.Tensor, stride: int, hidden: int) -> torch.Tensor:
+    """bf16 (n, hidden): the activations of tokens `token_idx` of rank `src`. `stride` is
+    at least the tokens of every rank (ranks may hold different counts), the same on all.
 
     Element h of a token is q * 2**e with
       q = 448 at the last element of each 128-element block (the block's amax),
-          1 + a base-16 digit of (src * num_tokens + token) at the first 8 elements (so
+          1 + a base-16 digit of (src * stride + token) at the first 8 elements (so
           every row of the run differs from every other),
           +-(1 + (h + 7 token + 13 src) % 16) elsewhere;
       e = (31 src + 7 token + 3 block) % 41 - 20, one exponent per block.
@@ -88,7 +89,7 @@ def token_activations(src: int, token_idx: torch.Tensor, num_tokens: int, hidden
     j, block = h % BLOCK, h // BLOCK
     mag = 1 + (h + 7 * t + 13 * src) % 16
     q = torch.where((h + t + src) % 3 == 0, -mag, mag)
-    ident = src * num_tokens + t
+    ident = src * stride + t
     digits = 1 + ((ident >> (4 * h.clamp(max=ID_DIGITS - 1))) & 15)
     q = torch.where(h < ID_DIGITS, digits, q)
     q = torch.where(j == BLOCK - 1, torch.full_like(q, int(FP8_MAX)), q)
@@ -130,13 +131,13 @@ def decode_rows(rows: torch.Tensor, hidden: int, dtype: str, out: torch.Tensor) 
         out[lo:hi] = (q.view(hi - lo, nb, BLOCK) * scale.unsqueeze(2)).view(hi - lo, hidden)
 
 
-def token_rows(src: int, token_idx: torch.Tensor, num_tokens: int, hidden: int, dtype: str) -> torch.Tensor:
+def token_rows(src: int, token_idx: torch.Tensor, stride: int, hidden: int, dtype: str) -> torch.Tensor:
     """The dispatch rows (n, row_nbytes) uint8 of tokens `token_idx` of rank `src`: what the
-    source packs, and what the checks expect to receive."""
+    source packs, and what the checks expect to receive (stride: token_activations')."""
     n = int(token_idx.numel())
     out = torch.empty((n, row_nbytes(hidden, dtype)), dtype=torch.uint8, device=token_idx.device)
     for lo, hi in _chunks(n, hidden, token_idx.device, 16):  # token_activations' int64 temporaries
-        encode_rows(token_activations(src, token_idx[lo:hi], num_tokens, hidden), dtype, out[lo:hi])
+        encode_rows(token_activations(src, token_idx[lo:hi], stride, hidden), dtype, out[lo:hi])
     return out
 
 
@@ -271,6 +272,7 @@ class MoEState(StateRows):
     send_split: list | None = None
     recv_split: list | None = None
     perm: torch.Tensor | None = None
+    stride: int = 0             # token ids' stride (token_activations): the most tokens of any rank
 
     @property
     def local(self) -> int:
@@ -298,9 +300,12 @@ class TorchMoE:
 
     # --- setup (untimed) -------------------------------------------------------------
     def setup(self, topk: np.ndarray, weights: np.ndarray, num_experts: int, copies: str, hidden: int,
-              dtype: str, n_send: int, n_recv: int) -> MoEState:
+              dtype: str, n_send: int, n_recv: int, stride: int = 0) -> MoEState:
+        """stride: at least every rank's tokens, the same on all (ranks may hold different
+        counts); 0: this rank's."""
         dev, world = self.device, self.comm.size
         num_tokens = int(topk.shape[0])
+        stride = stride or num_tokens
         rb_d, rb_c = row_nbytes(hidden, dtype), 2 * hidden
         local = num_experts // world if copies == "expert" else 1
         expert = copies == "expert"
@@ -313,13 +318,14 @@ class TorchMoE:
             copies, dtype, world, self.comm.rank, num_experts, num_tokens, hidden, rb_d, rb_c, n_send, n_recv,
             torch.as_tensor(np.ascontiguousarray(topk), dtype=torch.int64).to(dev),
             torch.as_tensor(np.ascontiguousarray(weights), dtype=torch.float32).to(dev),
-            token_rows(self.comm.rank, torch.arange(num_tokens, device=dev), num_tokens, hidden, dtype),
+            token_rows(self.comm.rank, torch.arange(num_tokens, device=dev), stride, hidden, dtype),
             empty(n_send * rb_d), empty(n_recv * rb_d),
             empty((n_recv, rb_d)) if expert else None,
             empty((n_recv, hidden), torch.bfloat16) if expert else None,
             empty(n_recv * rb_c), empty(n_send * rb_c),
             empty((num_tokens, hidden), torch.float32), empty((chunk, hidden), torch.float32),
             empty(world * local, torch.int64), cpu_threads, threads_before)
+        st.stride = stride
         return st
 
     def limit_threads(self) -> tuple[int | None, int | None]:
@@ -425,7 +431,7 @@ class TorchMoE:
         order): the rows every source would send, rebuilt from its routing, concatenated in
         arrival order; regroup (expert copies) reorders them as the experts hold them."""
         want = torch.cat([token_rows(src, torch.as_tensor(np.asarray(idx, dtype=np.int64)).to(self.device),
-                                     st.num_tokens, st.hidden, st.dtype) for src, idx in sources]) \
+                                     st.stride, st.hidden, st.dtype) for src, idx in sources]) \
             if sources else st.received[:0]
         if regroup is not None:
             want = want[torch.as_tensor(np.asarray(regroup, dtype=np.int64)).to(self.device)]
@@ -434,7 +440,7 @@ class TorchMoE:
     def check_combine(self, st: MoEState, factor: np.ndarray, weighted: bool) -> bool:
         """combine(dispatch(x)) through identity experts is x times `factor` per token:
         exactly (unweighted, small integers), or within float32 rounding (weighted)."""
-        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.num_tokens, st.hidden)
+        x = token_activations(st.rank, torch.arange(st.num_tokens, device=self.device), st.stride, st.hidden)
         f = torch.as_tensor(np.asarray(factor, dtype=np.float64)).to(self.device)
         expect = (x.to(torch.float64) * f.unsqueeze(1)).to(torch.float32)
         if weighted:

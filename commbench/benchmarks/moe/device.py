@@ -35,7 +35,7 @@ class DevicePath(EnginePath):
     def setup(self, comm, plan) -> DeviceBufs:
         p = plan.point.params
         st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["copies"], p["hidden"], p["dispatch_dtype"],
-                               plan.layout.num_rows, plan.n_recv)
+                               plan.layout.num_rows, plan.n_recv, plan.stride)
         return DeviceBufs(plan, st, self, self.engine.method)
 
     def row_info(self, b: DeviceBufs) -> dict:

@@ -84,7 +84,7 @@ class HierarchicalPath(EnginePath):
         assert sizes["n_recv"] == plan.n_recv, "the two tiers deliver the flat path's rows"
         fwd = np.array([forwarder(me, n, nodes) for n in range(int(nodes.max()) + 1)], np.int64)
         st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["copies"], p["hidden"], p["dispatch_dtype"],
-                               nodes, fwd, sizes)
+                               nodes, fwd, sizes, plan.stride)
         return HierBufs(plan, st, self, self.engine.method, nodes)
 
 

@@ -193,7 +193,7 @@ class HostPath(ExchangePath):
                              f"over the 2^31-1 count MPI takes without MPI-4 large-count calls: fewer tokens")
         expert = p["copies"] == "expert"
         return HostBufs(
-            plan, make_x(rank, p["tokens"], rb_d),
+            plan, make_x(rank, plan.num_tokens, rb_d),
             comm.alloc(n_send * rb_d, "uint8"), comm.alloc(n_recv * rb_d, "uint8"),
             comm.alloc(n_recv * rb_c, "uint8"), comm.alloc(n_send * rb_c, "uint8"),
             comm.alloc(world * plan.local, "int32"), comm.alloc(world * plan.local, "int32"),
@@ -251,7 +251,7 @@ class HostPath(ExchangePath):
         ex.run()
         lap()
         back = comm.host_view(b.recv_c).view(np.uint16).reshape(lay.num_rows, -1)
-        b.out = reduce_bf16_rows(back, lay, plan.point.params["tokens"], weighted=lay.copies == "expert")
+        b.out = reduce_bf16_rows(back, lay, plan.num_tokens, weighted=lay.copies == "expert")
         lap()
 
     def check(self, comm, b: HostBufs) -> bool:
@@ -264,7 +264,7 @@ class HostPath(ExchangePath):
         for src in range(world):
             lay = plan.source_layout(src)
             off = lay.send_offsets
-            want.append(make_x(src, p["tokens"], plan.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
+            want.append(make_x(src, plan.tokens_of(src), plan.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
             if p["copies"] == "expert":  # per-expert counts as exchanged
                 got = comm.host_view(b.counts_recv).reshape(world, plan.local)[src]
                 if not np.array_equal(got, lay.tokens_per_expert[me * plan.local:(me + 1) * plan.local]):
@@ -276,11 +276,11 @@ class HostPath(ExchangePath):
             return False
         # combine(dispatch(x)) with identity experts: x times the copies (rank), or x times
         # the sum of its weights (expert, weighted; float32 sums: rtol 1e-5).
-        x = token_value(me, np.arange(p["tokens"]))
+        x = token_value(me, np.arange(plan.num_tokens))
         weighted = p["copies"] == "expert"
         expect = (x * M.combine_factor(plan.layout, weighted)).astype(np.float32)
         got = b.out
-        if got is None or got.shape[0] != p["tokens"]:
+        if got is None or got.shape[0] != plan.num_tokens:
             return False
         if weighted:
             return bool(np.allclose(got, expect[:, None], rtol=1e-5, atol=0))

@@ -18,6 +18,7 @@ import numpy as np
 from commbench import moe as M
 from commbench.backends import availability
 from commbench.backends.jax_probe import ragged_all_to_all_support
+from commbench.core.errors import UsageError
 
 from .host import EnginePath, make_x, regroup_perm, token_value
 
@@ -60,7 +61,10 @@ class JaxPath(EnginePath):
 
     def setup(self, comm, plan) -> JaxBufs:
         p = plan.point.params
-        x = make_x(plan.rank, p["tokens"], plan.rb_d)
+        if plan.tokens is not None and len(set(plan.tokens.tolist())) > 1:  # refusal() names the routings
+            raise UsageError(f"moe on jax: ranks hold different token counts ({plan.tokens.tolist()}); the jax "
+                             f"engine's arrays have one shape on every rank: run it on mpi, gloo or nccl")
+        x = make_x(plan.rank, plan.num_tokens, plan.rb_d)
         st = self.engine.setup(plan.topk, plan.weights, x, p["experts"], p["copies"], p["hidden"],
                                plan.layout.num_rows, plan.n_recv, answer)
         return JaxBufs(plan, st, self, self.engine.method)
@@ -76,7 +80,7 @@ class JaxPath(EnginePath):
         for src in range(world):
             lay = plan.source_layout(src)
             off = lay.send_offsets
-            want.append(make_x(src, p["tokens"], plan.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
+            want.append(make_x(src, plan.tokens_of(src), plan.rb_d)[lay.send_token_idx[off[me]:off[me + 1]]])
             counts.append(lay.tokens_per_expert[me * local:(me + 1) * local] if expert else lay.send_counts[me:me + 1])
         counts = np.array(counts, dtype=np.int64).reshape(world, local)
         if not np.array_equal(eng.counts_received(st), counts):
@@ -87,10 +91,10 @@ class JaxPath(EnginePath):
         got = eng.received(st)
         if got.shape != want.shape or not np.array_equal(got, want):
             return False
-        x = token_value(me, np.arange(p["tokens"]))
+        x = token_value(me, np.arange(plan.num_tokens))
         expect = (x * M.combine_factor(plan.layout, expert)).astype(np.float32)[:, None]
         out = eng.combined(st)
-        if out.shape != (p["tokens"], p["hidden"]):
+        if out.shape != (plan.num_tokens, p["hidden"]):
             return False
         if expert:
             return bool(np.allclose(out, expect, rtol=1e-5, atol=0))

@@ -31,9 +31,15 @@ class LowLatencyPath(EnginePath):
 
     def setup(self, comm, plan) -> LowLatencyBufs:
         p = plan.point.params
-        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["hidden"], p["dispatch_dtype"], p["capacity"],
-                               self._per_source_expert(plan))
+        st = self.engine.setup(plan.topk, plan.weights, p["experts"], p["hidden"], p["dispatch_dtype"],
+                               self.capacity(plan), self._per_source_expert(plan), plan.stride)
         return LowLatencyBufs(plan, st, self, self.engine.method)
+
+    @staticmethod
+    def capacity(plan) -> int:
+        """Slots per (source, expert), the same on every rank: the param, or the most tokens
+        any rank holds at any step (a token reaches an expert once: that never overflows)."""
+        return int(plan.point.params["capacity"] or plan.max_tokens or plan.num_tokens)
 
     def _per_source_expert(self, plan) -> np.ndarray:
         """(world, local) rows each source routes to each of this rank's experts."""
@@ -47,7 +53,7 @@ class LowLatencyPath(EnginePath):
         every rank's regenerated routing, goes beside them (stage_info)."""
         world = plan.matrix.shape[0]
         self._rows = (np.array([plan.source_layout(s).tokens_per_expert for s in range(world)], dtype=np.int64),
-                      plan.point.params["capacity"] or plan.point.params["tokens"], row_nbytes)
+                      self.capacity(plan), row_nbytes)
         return super().accounting(plan, rank, node_of_rank, row_nbytes)
 
     def stage_info(self, acc: dict, stage: str) -> dict:
