@@ -254,6 +254,7 @@ def test_the_shared_checks_fail_on_wrong_rows_and_sums():
 
 # --- gloo ranks through the CLI, the fakes on PYTHONPATH -------------------------------------
 
+@pytest.mark.slow  # a launch whose plumbing the in-process tests cover: make test-slow
 @pytest.mark.multirank
 def test_gloo_library_dispatchers_pass_the_exact_check_against_the_fakes(tmp_path):
     out = tmp_path / "gpu"
@@ -272,6 +273,7 @@ def test_gloo_library_dispatchers_pass_the_exact_check_against_the_fakes(tmp_pat
     assert {r["params"]["dispatcher"] for _, r in df.iterrows()} == set(engines)
 
 
+@pytest.mark.slow  # a launch whose plumbing the in-process tests cover: make test-slow
 @pytest.mark.multirank
 def test_without_the_switch_the_library_dispatchers_are_skipped_on_gloo(tmp_path):
     out = tmp_path / "skip"

@@ -244,6 +244,7 @@ def test_rank_mode_on_4_ranks_gives_the_full_matrix(tmp_path):
     assert f"pairs verdict: {verdict['line']}" in p.stdout
 
 
+@pytest.mark.slow  # a launch whose plumbing the in-process tests cover: make test-slow
 @needs_mpi
 @pytest.mark.multirank
 def test_odd_members_take_a_bye(tmp_path):

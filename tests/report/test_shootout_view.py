@@ -124,6 +124,7 @@ def test_report_and_terminal_show_the_shootout(tmp_path, capsys):
     assert "    deepep: skipped (1 point): needs a CUDA device and deep_ep" in out
 
 
+@pytest.mark.slow  # a launch whose plumbing the in-process tests cover: make test-slow
 @pytest.mark.multirank
 @needs_mpi
 def test_a_run_with_repeats_ends_with_the_shootout_block_of_its_real_rows(tmp_path):
