@@ -202,3 +202,18 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         _running.pop()
+
+
+# A torch gloo world of one rank in this process: the MoE engines and library adapters driven
+# without a launch (one fixture for every test file that needs it).
+@pytest.fixture
+def gloo_world1():
+    import torch.distributed as dist
+
+    from commbench.backends.torch_dist import TorchComm
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield TorchComm(None, 0, 1, "gloo", "cpu")
+    finally:
+        dist.destroy_process_group()

@@ -154,17 +154,6 @@ def _spy(monkeypatch, owner, table, calls, prefix=""):
         monkeypatch.setattr(owner, name, kind(wrapper) if kind else wrapper)
 
 
-@pytest.fixture
-def gloo_world1():
-    import torch.distributed as dist
-
-    from commbench.backends.torch_dist import TorchComm
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield TorchComm(None, 0, 1, "gloo", "cpu")
-    finally:
-        dist.destroy_process_group()
 
 
 def _plan(topk, weights, experts, hidden, dtype):

@@ -12,17 +12,6 @@ from conftest import run_cli
 SMALL = ["--param", "moe.tokens=16", "--param", "moe.hidden=256", "--param", "moe.experts=8", "--param", "moe.topk=2"]
 
 
-@pytest.fixture
-def gloo_world1():
-    import torch.distributed as dist
-
-    from commbench.backends.torch_dist import TorchComm
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield TorchComm(None, 0, 1, "gloo", "cpu")
-    finally:
-        dist.destroy_process_group()
 
 
 def _setup(comm, **over):

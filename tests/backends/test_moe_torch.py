@@ -156,17 +156,6 @@ def test_simulated_ranks_round_trip(copies, dtype):
 
 # --- the engine itself, at world 1, in this process ----------------------------------------
 
-@pytest.fixture
-def gloo_world1():
-    import torch.distributed as dist
-
-    from commbench.backends.torch_dist import TorchComm
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield TorchComm(None, 0, 1, "gloo", "cpu")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("copies", ["rank", "expert"])
