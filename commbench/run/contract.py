@@ -245,8 +245,31 @@ def say_once(line: str, env=None, everywhere: bool = False) -> None:
         _count_said(name, _host_ranks(env))
     if first:
         print(line, file=sys.stderr, flush=True)
+        if key is not None:
+            _clear_said(name, _host_ranks(env))
     else:
         time.sleep(1.0)
+
+
+# How long the rank that printed waits for the host's other ranks to count themselves in
+# before it removes the marker itself: the launcher may end the job (mpirun at the first
+# non-zero exit) before a late rank reaches _count_said, which would leave the marker behind.
+SAID_WAIT_S = 3.0
+# Where the launcher does not say how many ranks run here, no rank can tell it is the last:
+# the printing rank gives the others this long to find the marker, then removes it.
+SAID_WAIT_UNKNOWN_S = 1.0
+
+
+def _clear_said(name: str, host_ranks: int | None) -> None:
+    """Wait (bounded) until the last rank of the host has removed the marker, then remove it
+    if it is still there, so a refusal leaves nothing in /tmp however the launch ends."""
+    deadline = time.monotonic() + (SAID_WAIT_S if host_ranks is not None else SAID_WAIT_UNKNOWN_S)
+    while os.path.lexists(name) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 
 def _host_ranks(env) -> int | None:
@@ -262,7 +285,8 @@ def _host_ranks(env) -> int | None:
 def _count_said(name: str, host_ranks: int | None) -> None:
     """Each rank adds a byte to the marker; the last rank of the host to arrive removes it,
     so a refusal leaves nothing in /tmp. Where the launcher does not say how many ranks run
-    here, the marker stays until the next refusal finds it stale (SAID_MARKER_FRESH_S)."""
+    here, or ends the job before every rank arrived, the rank that printed removes it
+    (_clear_said); one left by a killed launch goes when the next refusal finds it stale."""
     try:
         fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
     except OSError:

@@ -43,9 +43,11 @@ from commbench.core.safe_write import LinkRefused, make_dir, open_nofollow, writ
 from commbench.run.contract import (
     FAILURE_SLOT_NBYTES,
     HEARTBEAT_S,
+    LAUNCH_ID_ENV,
     failure_path,
     failure_paths,
     launcher_pid,
+    marked_path,
     progress_dir,
     rank_path,
     slot_path,
@@ -61,6 +63,8 @@ POLL_S = HEARTBEAT_S
 # A failing rank lingers this long after writing its failure file, so the others' guardians
 # (polling every 0.5 s) read the cause before a launcher kills them for the failed exit.
 FAILURE_LINGER_S = 1.5
+# How long a rank stopped by a signal waits for rank 0 to mark the run before it exits.
+MARK_WAIT_S = 2.0
 
 
 class Guard:
@@ -312,19 +316,33 @@ class Guard:
         with self._lock:
             where = self._where
         if signum == signal.SIGINT:
-            self._end("interrupted", f"interrupted (SIGINT) at {where}", EXIT_SIGNAL_BASE + signum)
+            self._end("interrupted", f"interrupted (SIGINT) at {where}", EXIT_SIGNAL_BASE + signum, wait_mark=True)
         peer = self.peer_failure()
         if peer is not None:  # the launcher stops the job because that rank failed: say why
-            self._end("failed", f"rank {peer[0]} failed: {peer[1]}", EXIT_SIGNAL_BASE + signum)
+            self._end("failed", f"rank {peer[0]} failed: {peer[1]}", EXIT_SIGNAL_BASE + signum, wait_mark=True)
         self._end("failed", f"terminated by {name} at {where} (a rank was lost, or the launcher or "
-                            f"scheduler stopped the job)", EXIT_SIGNAL_BASE + signum)
+                            f"scheduler stopped the job)", EXIT_SIGNAL_BASE + signum, wait_mark=True)
 
-    def _end(self, status: str, reason: str, code: int) -> None:
+    def _await_mark(self) -> None:
+        """A rank other than 0 stopped by a signal waits (bounded) for rank 0 to mark the run:
+        mpirun ends the whole job with SIGKILL at the first rank that exits on a signal, which
+        would cut rank 0 off while it writes the run's status and leave it "running"."""
+        launch_id = os.environ.get(LAUNCH_ID_ENV, "")
+        if self.rank == 0 or self.on_fatal is not None or self.progress_dir is None or not launch_id:
+            return  # under another tool's launcher rank 0 leaves no mark to wait for
+        mark = marked_path(self.progress_dir.parent, launch_id)
+        deadline = time.monotonic() + MARK_WAIT_S
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _end(self, status: str, reason: str, code: int, wait_mark: bool = False) -> None:
         try:
             try:
                 print(f"commbench: error: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
             except OSError:  # nowhere to say it (mpirun gone with its launcher): the run is marked all the same
                 pass
+            if wait_mark:
+                self._await_mark()
             if self.on_fatal is not None:
                 self.on_fatal(status, reason)
         finally:

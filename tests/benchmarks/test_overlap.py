@@ -681,9 +681,10 @@ def test_c_reference_agrees(tmp_path):
         ref_osu = [x["osu"] for x in c[polls]]
         margin = 30 + (max(cb) - min(cb) + max(ref_osu) - min(ref_osu)) / 2
         assert abs(_median(cb) - _median(ref_osu)) <= margin, (polls, cb, ref_osu, margin)
-        # The same 1 MiB all_reduce timed by two loops: within 4x of each other. On a shared VM the
-        # C loop's time and mpi4py's have been measured 3.4x apart at once (256 vs 854 us), with
-        # the OSU % still agreeing: the overlap figure is what this test holds to.
+        # The same 1 MiB all_reduce timed by two loops: within 10x of each other, which catches a
+        # unit slip (us against ns or ms is 1000x). Not closer: on a shared VM the C loop's time and
+        # mpi4py's have been measured 3.4x and 4.0x apart at once (256 vs 854 us, 226 vs 911 us),
+        # with the OSU % still agreeing: the overlap figure is what this test holds to.
         t_cb = _median([float(x) for x in rows["t_comm_us"]])
         t_c = _median([x["t_pure"] for x in c[polls]])
-        assert t_cb == pytest.approx(t_c, rel=3.0), (polls, t_cb, t_c)
+        assert 0.1 < t_cb / t_c < 10, (polls, t_cb, t_c)

@@ -34,21 +34,35 @@ def test_mpirun_command_for_root_and_oversubscription(tmp_path, monkeypatch):
 
 def test_say_once_prints_from_the_first_rank_of_a_launch_only(tmp_path, monkeypatch, capsys):
     """Whichever rank reaches the line first prints it (rank 0 included or not); the others
-    stay silent and linger, so mpirun cannot cut the printer off by their exit."""
+    stay silent and linger, so mpirun cannot cut the printer off by their exit. The marker
+    they agree through is gone afterwards: removed by the last rank of the host to arrive,
+    or, where one never arrives (mpirun ended the job first), by the rank that printed."""
+    import threading
     import time
 
+    from commbench.run import contract
     from commbench.run.contract import job_key, say_once
 
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
-    job = {"PMIX_NAMESPACE": f"prterun-test-{time.time_ns()}", "OMPI_COMM_WORLD_SIZE": "2"}
+    job = {"PMIX_NAMESPACE": f"prterun-test-{time.time_ns()}", "OMPI_COMM_WORLD_SIZE": "2",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     assert job_key(job) and job_key({}) is None
-    say_once("commbench: error: x", dict(job, OMPI_COMM_WORLD_RANK="1"))  # rank 1 first
+    first = threading.Thread(target=say_once, args=("commbench: error: x", dict(job, OMPI_COMM_WORLD_RANK="1")))
+    first.start()  # rank 1 first
+    while not any(tmp_path.iterdir()):
+        time.sleep(0.01)
     t0 = time.monotonic()
     say_once("commbench: error: x", dict(job, OMPI_COMM_WORLD_RANK="0"))
     assert time.monotonic() - t0 >= 0.9  # the late one lingers
+    first.join()
     assert capsys.readouterr().err == "commbench: error: x\n"
+    assert not list(tmp_path.iterdir())  # the last to arrive removed the marker
+    # Rank 0 never arrives (the job was ended first): the printer removes the marker itself,
+    # within its bound, rather than leave it in /tmp.
+    monkeypatch.setattr(contract, "SAID_WAIT_S", 0.2)
     say_once("commbench: error: y", dict(job, OMPI_COMM_WORLD_RANK="0"))  # another line: said again
     assert capsys.readouterr().err == "commbench: error: y\n"
+    assert not list(tmp_path.iterdir())
 
 
 def _busy(n):

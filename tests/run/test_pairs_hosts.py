@@ -143,17 +143,19 @@ def test_three_hosts_have_their_own_hostnames_and_mpirun_sees_three_nodes(three,
 @pytest.mark.multirank
 def test_a_shaped_link_or_host_is_slower_and_the_other_links_are_not(three):
     """Streams measured at once, so the machine's load is the same for all of them: a link
-    at a quarter of the base carries about a quarter of what an unshaped one does, both ways;
-    a shaped host slows its own links only."""
+    at a quarter of the base carries at most half of what an unshaped one does, both ways, and
+    still carries some; a shaped host slows its own links only. No lower bound near the quarter:
+    a TCP stream through the shaper ramps up after its drops, which a loaded host slows (b to a
+    measured 0.053 of b to c in 1 s, a to b 0.25 at once)."""
     try:
         three.shape("a", "b", BASE_MBIT / 4)
         ab, ba, ac, bc = three.link_rates_mbit([("a", "b"), ("b", "a"), ("a", "c"), ("b", "c")], 1.0)
-        assert 0.1 < ab / ac < 0.5 and 0.1 < ba / bc < 0.5, (ab, ba, ac, bc)
+        assert 0 < ab / ac < 0.5 and 0 < ba / bc < 0.5, (ab, ba, ac, bc)
         assert 0.7 < ac / bc < 1.4, (ac, bc)  # the unshaped links alike
         three.reset()
         three.shape_host("c", BASE_MBIT / 4)
         ab, ac, cb = three.link_rates_mbit([("a", "b"), ("a", "c"), ("c", "b")], 1.0)
-        assert 0.1 < ac / ab < 0.5 and 0.1 < cb / ab < 0.5, (ab, ac, cb)
+        assert 0 < ac / ab < 0.5 and 0 < cb / ab < 0.5, (ab, ac, cb)
         three.reset()
         ab, ac = three.link_rates_mbit([("a", "b"), ("a", "c")], 1.0)
         assert 0.7 < ab / ac < 1.4, (ab, ac)  # reset: the same rate again

@@ -367,3 +367,35 @@ def test_the_teardown_is_bounded_even_when_the_interpreter_is_held():
                          "with teardown_bound(5.0):\n    pass\nimport time; time.sleep(6)\n"],
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr  # a teardown that returns in time cancels the timer
+
+
+def test_a_rank_stopped_by_a_signal_waits_for_rank_0_to_mark_the_run(tmp_path, monkeypatch):
+    """Case: SIGTERM then SIGKILL to `run --np` left meta.json "running" now and then: rank 1
+    exited on the SIGTERM at once, and mpirun killed the job (rank 0 with it) while rank 0
+    wrote the status. A rank other than 0 now waits, bounded, for rank 0's mark."""
+    import time
+
+    from commbench.run import guard as guard_mod
+    from commbench.run.contract import LAUNCH_ID_ENV, marked_path
+
+    monkeypatch.setenv(LAUNCH_ID_ENV, "L1")
+    monkeypatch.setattr(guard_mod, "MARK_WAIT_S", 0.5)
+    g1 = guard_mod.Guard(1, 2, tmp_path, 3.0, launch="L1")
+    g1.start()
+    try:
+        t0 = time.monotonic()
+        g1._await_mark()  # no mark: waits its bound, then goes
+        waited = time.monotonic() - t0
+        assert 0.45 <= waited
+        mark = marked_path(tmp_path, "L1")
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+        t0 = time.monotonic()
+        g1._await_mark()  # marked: goes at once
+        assert time.monotonic() - t0 < waited
+    finally:
+        g1.stop()
+    g0 = guard_mod.Guard(0, 2, tmp_path, 3.0, launch="L1", on_fatal=lambda *a: None)
+    t0 = time.monotonic()
+    g0._await_mark()  # rank 0 marks, it does not wait for itself
+    assert time.monotonic() - t0 < 0.45
