@@ -64,10 +64,32 @@ def hold_cap_s(environ=None) -> float:
     return cap
 
 
-def clock_hz(torch) -> float:
-    """The GPU's SM clock, for turning seconds into the cycles clock64() counts."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    khz = getattr(props, "clock_rate", 0) or 1_500_000  # kHz; 1.5 GHz if torch does not say
+# cudaDeviceAttr's cudaDevAttrClockRate (cuda_runtime_api.h / driver_types.h): the SM clock
+# in kHz. CUDA 13 dropped cudaDeviceProp::clockRate, which torch's props.clock_rate reads,
+# but kept the attribute.
+CUDA_DEV_ATTR_CLOCK_RATE = 13
+FALLBACK_CLOCK_KHZ = 1_500_000
+
+
+def clock_hz(torch, cupy=None) -> float:
+    """The GPU's SM clock, for turning seconds into the cycles clock64() counts: the device
+    attribute (through cupy, where it imports), else torch's props.clock_rate (CUDA 12 and
+    older), else 1.5 GHz."""
+    dev = torch.cuda.current_device()
+    if cupy is None:
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+    if cupy is not None:
+        try:
+            khz = int(cupy.cuda.runtime.deviceGetAttribute(CUDA_DEV_ATTR_CLOCK_RATE, dev))
+        except Exception:  # a cupy without the call, or a runtime that refuses it: ask torch
+            khz = 0
+        if khz > 0:
+            return float(khz) * 1e3
+    props = torch.cuda.get_device_properties(dev)
+    khz = getattr(props, "clock_rate", 0) or FALLBACK_CLOCK_KHZ
     return float(khz) * 1e3
 
 
@@ -95,7 +117,7 @@ class FlagHolds:
         self.torch, self.cupy = torch, cupy
         self.cap_s = hold_cap_s() if cap_s is None else cap_s
         self.kernel = cupy.RawKernel(_KERNEL, "commbench_hold")
-        self.cap = int(self.cap_s * clock_hz(torch))
+        self.cap = int(self.cap_s * clock_hz(torch, cupy))
         self._slabs: list = []
         self._next = self.SLAB
         # RawKernel compiles on its first launch: launch it here, released before it starts,

@@ -406,3 +406,32 @@ def test_consecutive_host_waits_and_a_first_stage_that_waits():
     assert dev.expired() == 0 and info["held"] is True
     np.testing.assert_allclose(laps[:, 2], 7e-6, rtol=1e-6)
     assert dev.log[:6] == ["a", "sync", "b", "sync", "hold", "c"]
+
+
+def test_the_hold_cap_in_cycles_reads_the_devices_clock_attribute(monkeypatch):
+    """CUDA 13 dropped cudaDeviceProp::clockRate (torch's props.clock_rate): the cap read
+    1.5 GHz whatever the GPU. The clock now comes from cudaDeviceGetAttribute(
+    cudaDevAttrClockRate = 13, kHz), through cupy.cuda.runtime.deviceGetAttribute; torch's
+    property where the attribute cannot be read; 1.5 GHz where neither says."""
+    import sys
+    import types
+
+    from commbench.backends import gpuhold
+    from fake_cuda import Device, FakeCupy, fake_torch
+
+    dev = Device()
+    cupy = FakeCupy(dev)
+    asked = []
+    cupy.cuda.runtime.deviceGetAttribute = lambda attr, d: asked.append((attr, d)) or 1_980_000
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    torch13 = fake_torch(dev)
+    torch13.cuda.get_device_properties = lambda i: types.SimpleNamespace()  # no clock_rate (CUDA 13)
+    assert gpuhold.clock_hz(torch13, cupy) == 1.98e9 and asked == [(gpuhold.CUDA_DEV_ATTR_CLOCK_RATE, 0)]
+    factory, method, _ = gpuhold.make_holds(torch13, cap_s=0.5)
+    assert method == "flag" and cupy.launches[0][2] == int(0.5 * 1.98e9)
+    # The attribute refused: torch's property (CUDA 12), then the 1.5 GHz fallback.
+    def refuse(attr, d):
+        raise RuntimeError("cudaErrorInvalidValue")
+    cupy.cuda.runtime.deviceGetAttribute = refuse
+    assert gpuhold.clock_hz(fake_torch(dev, sm_khz=1_755_000), cupy) == 1.755e9
+    assert gpuhold.clock_hz(torch13, cupy) == gpuhold.FALLBACK_CLOCK_KHZ * 1e3
