@@ -116,8 +116,9 @@ model: install
 model-check: install
 	$(PY) -m commbench model --against $(ARGS)
 
-# Every GPU path one GPU allows (nccl with and without CUDA graphs, cupy buffers, moe, the
-# HBM probe), one table, within 4 minutes (docs/gpu.md). It runs on the GPU machine as it is:
+# Every GPU path one GPU allows (a probe of what blocks the host behind a hold, nccl with and
+# without CUDA graphs, a barrier, cupy buffers, moe, the HBM probe, two ranks sharing the GPU),
+# one table, within 6 minutes of its start (docs/gpu.md). It runs on the GPU machine as it is:
 # no venv, no pip, no network; GPU_PY, an interpreter that has a CUDA torch, runs this
 # checkout in place. Without a CUDA device it prints one line saying so and exits 0 here
 # (tools/gpu_check.py itself exits 3). `make gpu-check ARGS="--only moe,hbm"` reruns steps.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Every GPU path one GPU allows, in one short run (within 4 minutes on one H200).
+"""Every GPU path one GPU allows, in one short run: within a 6-minute budget (BUDGET_S),
+counted from this script's start, its preflight imports included, and printed at the start.
 
 Runs on the GPU machine as it is: the interpreter that runs this script (the machine's own
 python3, or GPU_PY= through `make gpu-check`) runs the checkout in place (PYTHONPATH); no
@@ -7,41 +8,43 @@ venv, no pip, no network. Before any step, one line says what is missing if anyt
 (no CUDA device, a CPU build of torch, numpy/pandas/rich/torch absent) and nothing runs.
 Optional parts (cupy, mpi4py, a CUDA-aware MPI, a second GPU) are skipped with the reason.
 
-Steps, each a subprocess (the real CLI where it is a commbench run), time-boxed (its own
-limit and what is left of the whole check's budget), reported as PASS, SKIP (with why) or
-FAIL (with a one-line reason) without stopping the others:
+Steps, each a subprocess (the real CLI where it is a commbench run), each in its own time
+box (STEP_LIMIT_S; the boxes and PREFLIGHT_S add up to no more than BUDGET_S), reported as
+PASS, SKIP (with why) or FAIL (with a one-line reason) without stopping the others:
 
+  probe         what blocks the host behind a short hold here (barrier, first launch,
+                cudaMalloc, cudaHostAlloc, host-to-device copies, the MoE stages' ops)
   list          `commbench list`: which benchmarks and backends this build has
-  nccl-held     nccl world 1, the default timing (held batches: device time only), 5
-                collectives, 8 B .. 64 MiB; all_reduce out of place (cupy's NCCL)
+  nccl-held     nccl world 1, held batches, 5 collectives, 8 B .. 64 MiB
   nccl-in-place the in-place all_reduce (torch.distributed's own)
-  nccl-graph    --cuda-graph, held replays, out of place and in place
-  moe           moe at world 1 on nccl, checks on: normal mode at the DeepSeek-V3 shape,
-                low-latency at the decode shape; both held
-  hbm           device-to-device copy bandwidth (commbench.backends.gpuprobe) beside h200-hgx's HBM
-  host-loop     torch.distributed's host cost per call by a perf_counter loop, beside the
-                rows' host_us_per_op
+  nccl-graph    --cuda-graph, held replays, out of place (cupy's NCCL, captured) and in place
+  barrier       one nccl barrier point: never held, so never near the hold's cap
+  moe           moe at world 1, checks on: normal mode at the DeepSeek-V3 shape, low-latency
+                at the decode shape; both held
+  hbm           device-to-device copy bandwidth beside h200-hgx's HBM
+  host-loop     torch.distributed's host cost per call by a perf_counter loop
   nccl-unheld   COMMBENCH_NO_HOLD=1: events on an idle stream, the host's launch cost inside
   nccl-per-op   --per-op-events: an event pair per operation inside held batches
-  refusals      two ranks on one GPU; CUDA buffers on a non-CUDA-aware MPI: one line, exit 2
-  overlap       the overlap benchmark (collective beside a GPU matrix multiply), if built
-  inswitch      the inswitch suite on nccl (its baseline is nccl-ring there)
+  refusals      two ranks on one GPU without the opt-in; CUDA buffers on a non-CUDA-aware
+                MPI; TORCH_NCCL_BLOCKING_WAIT=1: one line, exit 2 each
+  two-ranks     two ranks sharing the GPU (a distinct NCCL_HOSTID each, loopback): the gloo
+                meeting while held, the expired-hold agreement, cupy's NCCL id broadcast,
+                hierarchical MoE -- correctness and host paths only, not performance
+  overlap       the overlap benchmark, if built
+  inswitch      the inswitch suite on nccl, three variants (baseline nccl-ring)
   mpi-cupy      backend mpi with cupy buffers, when the MPI is CUDA-aware
 
 Then one table: each target, what was measured, the reference (nccl-tests on the same H200,
-shared/reference/gpu-h200.md), and PASS / MISS / SKIP (why). Out-of-place targets need rows
-whose placement is out-of-place (cupy's NCCL); large messages are judged at 64 MiB, beyond
-the H200's L2. Each step's output is kept in DIR/<step>.log, each run in DIR/<step>/, the
-summary in DIR/summary.json; `--only STEP,...` reruns the named steps into the same DIR and
-the table keeps the other steps' earlier results.
+shared/reference/gpu-h200.md), and PASS / MISS / SKIP (why) / INFO. Each step's output is
+kept in DIR/<step>.log, each run in DIR/<step>/, the summary in DIR/summary.json; `--only
+STEP,...` reruns the named steps into the same DIR, keeping the others' earlier results.
 
 Usage: python tools/gpu_check.py [--out DIR] [--only STEP,...] [--budget S] [--step-timeout S]
-       (DIR defaults to results/gpu-check-<stamp>)
 
 Exit status: 0 every step passed or was skipped and no target missed; 1 a step failed or a
 target missed; 2 bad arguments; 3 no CUDA device (one line, "no CUDA device: nothing to
-check (why)", and nothing run) -- 3, not 0, so that CI on a GPU-less runner never reads
-"nothing checked" as a pass; 4 something required is missing (one line naming it).
+check (why)", nothing run: 3, not 0, so that CI on a GPU-less runner never reads "nothing
+checked" as a pass); 4 something required is missing (one line naming it).
 """
 from __future__ import annotations
 
@@ -55,50 +58,47 @@ import sys
 import time
 from pathlib import Path
 
+T0 = time.monotonic()  # the budget counts from here: the preflight's imports are in it
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_preflight  # noqa: E402,F401 (tests reach its module globals through here)
+from gpu_preflight import EXIT_MISSING, EXIT_NO_CUDA, NO_CUDA_LINE, preflight, visible_gpus  # noqa: E402,F401
 from gpu_targets import (  # noqa: E402,F401
     REF_ALL_REDUCE,
+    Failed,
+    Skip,
+    barrier_verdict,
+    check_rows,
     cupy_hint,
+    exit_reason,
     figures,
     fmt_gbps,
     fmt_us,
     load_previous,
     moe_rates,
+    one_line,
     print_figures,
+    probe_summary,
     read_rows,
     table,
     targets,
+    two_rank_text,
 )
 
-NO_CUDA_LINE = "no CUDA device: nothing to check"
-EXIT_NO_CUDA, EXIT_MISSING = 3, 4
-REQUIRED = ("numpy", "pandas", "rich", "torch")
-# The whole check ends within this many seconds (4 minutes, less the interpreter's start).
-BUDGET_S = 230.0
+# The whole check ends within 6 minutes of its start (device time is short: room for a second
+# run), the preflight's torch and cupy imports (5-20 s cold) included.
+BUDGET_S = 360.0
+PREFLIGHT_S = 30.0  # what the step boxes leave for the preflight
 BENCHES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 # 8 B to 64 MiB by 8x, and 64 MiB itself (the 8x range stops at 16 MiB).
 SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 BIG = 64 << 20
 
 
-class Skip(Exception):
-    """A step that cannot run here, and why."""
-
-
-class Failed(Exception):
-    """A step that ran and failed; the message is its one-line reason."""
-
-
-def one_line(text: str, limit: int = 160) -> str:
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines else ""
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
 def run_cmd(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run in its own session (mpirun's ranks die with it on a timeout), output to `log`."""
-    env = {**os.environ, **(env or {})}
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
     env.pop("COMMBENCH_TTY", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -114,41 +114,21 @@ def run_cmd(argv: list[str], log: Path, timeout: float, env: dict | None = None)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def exit_reason(cp: subprocess.CompletedProcess) -> str:
-    rc = cp.returncode
-    why = one_line(cp.stderr) or one_line(cp.stdout) or "no output"
-    if rc < 0 or rc in (134, 139):
-        why = f"crashed ({'signal ' + str(-rc) if rc < 0 else 'exit ' + str(rc)}): {why}"
-    else:
-        why = f"exit {rc}: {why}"
-    return why
-
-
-def check_rows(rows: list[dict], want_clock: str | None) -> None:
-    if not rows:
-        raise Failed("the run wrote no rows")
-    bad = [r for r in rows if r.get("check") == "fail"]
-    if bad:
-        raise Failed(f"{len(bad)} row(s) failed the result check, e.g. {bad[0].get('benchmark')} "
-                     f"{bad[0].get('nbytes')} B")
-    if want_clock:
-        other = sorted({str(r.get("clock")) for r in rows} - {want_clock})
-        if other:
-            raise Failed(f"rows timed with clock {other[0]}, expected {want_clock}")
-
-
-# Each step's own time box (seconds); the whole check's budget caps them all.
-STEP_LIMIT_S = {"list": 30, "nccl-held": 60, "nccl-in-place": 30, "nccl-graph": 60, "moe": 90, "hbm": 30,
-                "host-loop": 30, "nccl-unheld": 30, "nccl-per-op": 30, "refusals": 40, "overlap": 45,
-                "inswitch": 60, "mpi-cupy": 40}
+# Each step's own time box (seconds), in the order the steps run; with PREFLIGHT_S they add up
+# to no more than BUDGET_S (tested), so no step is skipped for the budget when each fits its box.
+# The whole check took about 35 s on one H200 (shared/reference/gpu-h200.md): the boxes are
+# several times what a step needs, the first subprocess paying torch's cold import.
+STEP_LIMIT_S = {"probe": 20, "list": 10, "nccl-held": 30, "nccl-in-place": 15, "nccl-graph": 30, "barrier": 10,
+                "moe": 40, "hbm": 10, "host-loop": 15, "nccl-unheld": 15, "nccl-per-op": 15, "refusals": 20,
+                "two-ranks": 50, "overlap": 15, "inswitch": 25, "mpi-cupy": 10}
 
 
 class Check:
     def __init__(self, out: Path, step_timeout: float | None = None, budget_s: float = BUDGET_S,
-                 env: dict | None = None, clock=time.monotonic):
+                 env: dict | None = None, clock=time.monotonic, start: float | None = None):
         self.out, self.step_timeout, self.clock = out, step_timeout, clock
         self.budget_s = budget_s
-        self.deadline = self.step_deadline = clock() + budget_s
+        self.deadline = self.step_deadline = (clock() if start is None else start) + budget_s
         self.env = env or {}
         self.benchmarks: list[str] = []
         self.data: dict = {}
@@ -219,6 +199,9 @@ class Check:
     def step_nccl_unheld(self) -> str:
         fig = self._run("nccl-unheld", [], "cuda_event", benches=["all_reduce", "all_gather"],
                         env={"COMMBENCH_NO_HOLD": "1"})
+        ran_out = [r for r in read_rows(self.out / "nccl-unheld") if "ran out" in str(r.get("unheld_reason"))]
+        if ran_out:  # nothing holds here: no hold can have run out
+            raise Failed(f"{len(ran_out)} COMMBENCH_NO_HOLD=1 row(s) say their hold ran out")
         held = self.data.get("nccl-held", {}).get("all_reduce", {}).get(8, (None,))[0]
         text = self._summary(fig)
         un = fig.get("all_reduce", {}).get(8, (None,))[0]
@@ -236,13 +219,8 @@ class Check:
         return self._summary(fig)
 
     def step_host_loop(self) -> str:
-        code = ("import os, time, torch, torch.distributed as dist; os.environ.setdefault('MASTER_ADDR', '127.0.0.1'); "
-                "os.environ.setdefault('MASTER_PORT', '29555'); torch.cuda.set_device(0); "
-                "dist.init_process_group('nccl', rank=0, world_size=1, device_id=torch.device('cuda', 0)); "
-                "x = torch.zeros(2, device='cuda'); [dist.all_reduce(x) for _ in range(50)]; torch.cuda.synchronize(); "
-                "t0 = time.perf_counter(); [dist.all_reduce(x) for _ in range(500)]; t1 = time.perf_counter(); "
-                "torch.cuda.synchronize(); print((t1 - t0) / 500 * 1e6); dist.destroy_process_group()")
-        cp = run_cmd([sys.executable, "-c", code], self.out / "host-loop.log", self.timeout)
+        cp = run_cmd([sys.executable, "-c", "from commbench.backends.gpuprobe import host_call_us; "
+                      "print(host_call_us())"], self.out / "host-loop.log", self.timeout)
         if cp.returncode:
             raise Failed(exit_reason(cp))
         loop = float(cp.stdout.strip().splitlines()[-1])
@@ -255,38 +233,116 @@ class Check:
                       and r.get("benchmark") == "all_reduce")
         return f"; rows' host_us_per_op (all_reduce) {host[0]:.1f}-{host[-1]:.1f} us" if host else ""
 
-    def step_refusals(self) -> str:
-        if self.env.get("gpus", 1) > 1:
-            raise Skip(f"{self.env['gpus']} GPUs visible: two ranks do not have to share one here")
-        said = []
-        cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "nccl", "-b", "all_reduce", "--sizes", "8"),
-                     self.out / "refusal-two-ranks.log", self.timeout)
+    def _refused(self, what: str, argv: list[str], log: str, env: dict | None = None) -> str:
+        """A command that must be refused in one line, exit 2: the end of that line."""
+        cp = run_cmd(argv, self.out / log, self.timeout, env=env)
         lines = (cp.stderr or "").strip().splitlines()
         if cp.returncode != 2 or len(lines) != 1:
-            raise Failed(f"two ranks on one GPU: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
-        said.append(lines[0][-70:])
+            raise Failed(f"{what}: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
+        return lines[0][-70:]
+
+    def step_refusals(self) -> str:
+        from commbench.backends.gpus import SHARED_GPU_ENV
+
+        said = []
+        if self.env.get("gpus", 1) == 1:  # without the opt-in, two ranks on one GPU stay refused
+            said.append(self._refused("two ranks on one GPU", self.cli(
+                "run", "quick", "--np", "2", "--backend", "nccl", "-b", "all_reduce", "--sizes", "8"),
+                "refusal-two-ranks.log", env={SHARED_GPU_ENV: None}))
+        said.append(self._refused("TORCH_NCCL_BLOCKING_WAIT=1", self.cli(
+            "run", "quick", "--np", "1", "--backend", "nccl", "-b", "all_reduce", "--sizes", "8"),
+            "refusal-blocking-wait.log", env={"TORCH_NCCL_BLOCKING_WAIT": "1"}))
         if importlib.util.find_spec("mpi4py") is None:
             return " | ".join(said + ["mpi+cuda not tried: mpi4py is not importable"])
-        cp = run_cmd(self.cli("run", "quick", "--np", "2", "--backend", "mpi", "--device", "cuda", "-b", "all_reduce",
-                              "--sizes", "8"), self.out / "refusal-mpi-cuda.log", self.timeout)
-        lines = (cp.stderr or "").strip().splitlines()
-        if cp.returncode == 0:
+        argv = self.cli("run", "quick", "--np", "2", "--backend", "mpi", "--device", "cuda", "-b", "all_reduce",
+                        "--sizes", "8")
+        try:
+            said.append(self._refused("mpi+cuda", argv, "refusal-mpi-cuda.log"))
+        except Failed:
+            if not (self.out / "refusal-mpi-cuda.log").read_text().rstrip().endswith("--- exit 0"):
+                raise
             said.append("mpi+cuda ran: this MPI says it is CUDA-aware")
-        elif cp.returncode != 2 or len(lines) != 1:
-            raise Failed(f"mpi+cuda: exit {cp.returncode}, {len(lines)} stderr line(s): {one_line(cp.stderr)}")
-        else:
-            said.append(lines[0][-70:])
         return " | ".join(said)
 
     def step_inswitch(self) -> str:
+        """Three variants launched (the baseline nccl-ring, nccl-tree, the default; ompi-ring, the
+        suite's mpi baseline, must be named and is skipped on nccl), one collective, three sizes,
+        few iterations: each variant is a launch of its own (torch's import and NCCL's set-up, a
+        few seconds), so the step fits its box on one GPU."""
         run_dir = self.out / "inswitch"
-        cp = run_cmd(self.cli("run", "inswitch", "--np", "1", "--backend", "nccl", "--worlds", "1", "--sizes",
-                              "8,1M,64M", "--out", str(run_dir)), self.out / "inswitch.log", self.timeout)
+        cp = run_cmd(self.cli("run", "inswitch", "--np", "1", "--backend", "nccl", "--worlds", "1", "--variants",
+                              "nccl-ring,nccl-tree,default,ompi-ring", "-b", "all_reduce", "--sizes", "8,1M,64M",
+                              "--iters", "10", "--warmup", "2", "--out", str(run_dir)),
+                     self.out / "inswitch.log", self.timeout)
         if cp.returncode:
             raise Failed(exit_reason(cp))
         rows = read_rows(run_dir)
         check_rows(rows, None)
-        return f"{len(rows)} rows, variants {', '.join(sorted({r.get('variant') for r in rows}))}"
+        return f"{len(rows)} rows, variants {', '.join(sorted({str(r.get('variant')) for r in rows}))}"
+
+    def step_probe(self) -> str:
+        """What blocks the host behind a short hold on this machine (gpuprobe.run_probe)."""
+        from commbench.backends.gpuprobe import PROBE_HOLD_S, probe_lines
+
+        cp = run_cmd([sys.executable, "-c", "import json; from commbench.backends.gpuprobe import run_probe; "
+                      "print(json.dumps(run_probe()))"], self.out / "probe.log", self.timeout)
+        if cp.returncode:
+            raise Failed(exit_reason(cp))
+        rows = json.loads(cp.stdout.strip().splitlines()[-1])
+        self.data["probe"] = rows
+        for line in probe_lines(rows):
+            print(f"  probe: {line}", flush=True)
+        return probe_summary(rows, PROBE_HOLD_S)
+
+    def step_barrier(self) -> str:
+        """One nccl barrier point: never held (its wait() synchronizes the stream), so its p50
+        must be nowhere near the hold's cap."""
+        from commbench.backends.gpuhold import hold_cap_s
+
+        run_dir = self.out / "barrier"
+        cp = run_cmd(self.cli("run", "quick", "--np", "1", "--backend", "nccl", "-b", "barrier", "--worlds", "1",
+                              "--iters", "20", "--warmup", "2", "--out", str(run_dir)), self.out / "barrier.log",
+                     self.timeout)
+        if cp.returncode:
+            raise Failed(exit_reason(cp))
+        rows = read_rows(run_dir)
+        check_rows(rows, "cuda_event")
+        r = rows[0]
+        self.data["barrier"] = {"p50_us": r.get("time_us_p50"), "hold_method": r.get("hold_method")}
+        return barrier_verdict(r, hold_cap_s())
+
+    def step_two_ranks(self) -> str:
+        """Two ranks sharing this GPU (gpus.shared_gpu_launch_env: a distinct NCCL_HOSTID each,
+        NCCL and gloo on loopback): the multi-rank host paths, checks on, at a few sizes; the
+        expired-hold agreement (a cap no batch fits in); hierarchical and flat MoE, small."""
+        from commbench.backends.gpus import SHARED_GPU_MARK, shared_gpu_launch_env
+
+        if self.env.get("gpus", 1) > 1:
+            raise Skip(f"{self.env['gpus']} GPUs visible: two ranks do not have to share one here")
+        env = shared_gpu_launch_env(2)
+        runs = [("collectives", ["quick", "-b", "all_reduce,all_gather,broadcast,barrier", "--sizes", "8,64K,4M",
+                                 "--check", "--iters", "5", "--warmup", "1"], {}),
+                # a 10 us cap: no batch of torch's calls (22-29 us each) is enqueued within it
+                ("expired", ["quick", "-b", "all_reduce", "--in-place", "--sizes", "8", "--iters", "5", "--warmup",
+                             "1"], {"COMMBENCH_HOLD_CAP_S": "0.00001"}),
+                ("moe", ["moe", "--ranks-per-node", "1", "--param", "path=flat,hierarchical", "--param", "tokens=256",
+                         "--param", "hidden=1024", "--param", "experts=16", "--param", "topk=4", "--check",
+                         "--iters", "3", "--warmup", "1"], {})]
+        said = []
+        for name, args, extra in runs:
+            run_dir = self.out / "two-ranks" / name
+            cp = run_cmd(self.cli("run", *args[:1], "--np", "2", "--backend", "nccl", "--worlds", "2", *args[1:],
+                                  "--out", str(run_dir)),
+                         self.out / f"two-ranks-{name}.log", self.timeout, env={**env, **extra})
+            if cp.returncode:
+                raise Failed(f"{name}: {exit_reason(cp)}")
+            rows = read_rows(run_dir)
+            check_rows(rows, None)
+            self.data[f"two-ranks-{name}"] = rows
+            said.append(two_rank_text(name, rows, self.env.get("cupy_ok", False)))
+        for line in said:
+            print(f"  {SHARED_GPU_MARK}: {line}", flush=True)
+        return f"{SHARED_GPU_MARK}: " + "; ".join(said)
 
     def step_moe(self) -> str:
         """moe at world 1 on nccl, checks on: normal mode at the full DeepSeek-V3 shape (T=4096,
@@ -381,66 +437,6 @@ def run_steps(steps, chk: Check | None = None) -> list[tuple[str, str, str]]:
     return results
 
 
-def visible_gpus() -> int:
-    """GPUs the driver shows (commbench.backends.gpus, without importing torch), or -1 when
-    that cannot be asked (numpy absent); any /dev/nvidiaN counts as a sign of one."""
-    try:
-        sys.path.insert(0, str(ROOT))
-        from commbench.backends.gpus import visible_gpus as driver_gpus
-    except ImportError:
-        return -1
-    n = driver_gpus()
-    if n == 0 and os.environ.get("CUDA_VISIBLE_DEVICES") is None and list(Path("/dev").glob("nvidia[0-9]*")):
-        return -1  # device nodes without the driver's /proc list: ask torch
-    return n
-
-
-def preflight() -> tuple[int, str, dict]:
-    """(0, "", env) when the check can run here, else (exit status, the one line saying what
-    is missing, env). Cheap questions first: a GPU-less host answers without importing
-    torch."""
-    exe = sys.executable
-    env: dict = {}
-    gpus = visible_gpus()
-    if gpus == 0:
-        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-        why = f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "the NVIDIA driver lists no GPU"
-        return EXIT_NO_CUDA, f"{NO_CUDA_LINE} ({why})", env
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing:
-        return EXIT_MISSING, (f"{exe} lacks {', '.join(missing)}: run with an interpreter that has them "
-                              f"(make gpu-check GPU_PY=/path/to/python)"), env
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001 (a broken install: said in one line, not a traceback)
-        return EXIT_MISSING, f"{exe}: torch fails to import ({type(e).__name__}: {one_line(e, 120)})", env
-    env.update(torch=torch.__version__, cuda=torch.version.cuda, gpus=max(gpus, 0))
-    if not torch.version.cuda:
-        return EXIT_NO_CUDA, (f"{NO_CUDA_LINE} ({exe}'s torch {torch.__version__} is a CPU build: "
-                              f"GPU_PY= an interpreter with a CUDA torch)"), env
-    if not torch.cuda.is_available():
-        return EXIT_NO_CUDA, f"{NO_CUDA_LINE} (torch {torch.__version__} with CUDA {torch.version.cuda} sees none)", env
-    env["gpus"] = torch.cuda.device_count()
-    env["cupy_ok"], env["cupy"] = cupy_state(env["cuda"])
-    return 0, "", env
-
-
-def cupy_state(cuda: str | None) -> tuple[bool, str]:
-    """(usable, what): cupy importable, with NCCL, built for torch's CUDA major version."""
-    try:
-        import cupy
-        from cupy.cuda import nccl  # noqa: F401 (the out-of-place all_reduce needs it)
-    except Exception as e:  # noqa: BLE001 (absent, or broken: either way optional)
-        return False, f"cupy is not importable ({type(e).__name__}: {one_line(e, 80)})"
-    try:
-        major = str(cupy.cuda.runtime.runtimeGetVersion() // 1000)  # e.g. 13000 -> 13
-    except Exception as e:  # noqa: BLE001
-        return False, f"cupy {cupy.__version__} cannot reach the CUDA runtime ({one_line(e, 80)})"
-    if cuda and cuda.split(".")[0] != major:
-        return False, f"cupy {cupy.__version__} is built for CUDA {major}, torch for CUDA {cuda}"
-    return True, f"cupy {cupy.__version__} (CUDA {major})"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--out", help="result directory (default results/gpu-check-<stamp>)")
@@ -464,8 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"results/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     before, data = load_previous(out) if only else ({}, {})
-    chk = Check(out, args.step_timeout, args.budget, env)
+    chk = Check(out, args.step_timeout, args.budget, env, start=T0)
     chk.data.update(data)
+    print(f"gpu check: budget {args.budget:.0f} s from start, {time.monotonic() - T0:.0f} s spent before the steps "
+          f"(preflight); step boxes {sum(STEP_LIMIT_S.values())} s", flush=True)
     print(f"gpu check: {out} (torch {env.get('torch')}, CUDA {env.get('cuda')}, {env.get('gpus')} GPU(s); "
           f"{env.get('cupy')})", flush=True)
     steps = [(n, getattr(chk, "step_" + n.replace("-", "_"))) for n in STEP_LIMIT_S]

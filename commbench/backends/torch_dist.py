@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import weakref
@@ -9,6 +10,7 @@ import weakref
 import numpy as np
 
 from commbench.backends.gpuhold import hold_cap_s, make_holds
+from commbench.backends.gpus import SHARED_GPU_MARK, shared_gpu_hostids
 from commbench.backends.timing import (
     NoHold,
     choose_ops_per_batch,
@@ -59,6 +61,8 @@ class TorchComm(Comm):
         self._warmed = _IdentitySet()
         self._expired = _IdentitySet()
         self.host_group = host_group
+        # Ranks sharing one GPU by the opt-in (gpus.SHARED_GPU_ENV): every GPU row says so.
+        self.shared_gpu = device == "cuda" and shared_gpu_hostids() is not None
         self.last_timing: dict = {}
         self._dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                         "int32": torch.int32, "float64": torch.float64, "uint8": torch.uint8}
@@ -194,6 +198,15 @@ class TorchComm(Comm):
         self.last_timing: the row fields that say how the samples were taken."""
         if self.device != "cuda":  # spec.check_backend refuses cuda_graph off CUDA
             return super().time_ops(op, iters, barrier_each)
+        out = self._time_ops_cuda(op, iters, barrier_each, cuda_graph, per_op_events)
+        self._mark_shared()
+        return out
+
+    def _mark_shared(self) -> None:
+        if self.shared_gpu:
+            self.last_timing["shared_gpu"] = SHARED_GPU_MARK
+
+    def _time_ops_cuda(self, op, iters, barrier_each, cuda_graph, per_op_events):
         torch = self.torch
         holds = self._holds()
         if getattr(op, "host_waits", False) or (op in self._expired and not cuda_graph):
@@ -203,12 +216,17 @@ class TorchComm(Comm):
         self._first_unheld(op)
         if not cuda_graph:
             self.last_ops_per_replay = None
-            n = 1 if barrier_each or per_op_events else choose_ops_per_batch(self._device_op_s(op))
+            # per_op_events: an event pair around each operation of a held batch of the usual
+            # size (docs/gpu-timing.md), so iters samples take ceil(iters / n) batches.
+            n = 1 if barrier_each else choose_ops_per_batch(self._device_op_s(op))
             if op in self._expired:  # the sizing batch's hold ran out
                 return self._time_unheld(op, iters, barrier_each, self._expired_why())
-            r = time_held(op, iters, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
+            batches = -(-int(iters) // n) if per_op_events else iters
+            r = time_held(op, batches, n, holds, self._event, torch.cuda.synchronize, meet=self._meet,
                           per_op=per_op_events)
-            if self._ran_out(not r.held.all()):
+            if per_op_events:
+                r = dataclasses.replace(r, samples_s=r.samples_s[:iters], held=r.held[:iters])
+            if self._ran_out(self._uncovered(r.held.all())):
                 self._expired.add(op)
             self.last_timing = {**r.info(), **self._hold_fields(),
                                 "clock": "cuda_event_held" if self._hold_method != "none" else "cuda_event"}
@@ -234,7 +252,7 @@ class TorchComm(Comm):
             r.update(ops_per_sample=k, sample=f"mean of the {k} operations of one held CUDA-graph replay; "
                                               f"percentiles over replays",
                      host_us_per_op=None if host is None else host / k, **self._hold_fields())
-            if hold_for is NoHold:
+            if hold_for is NoHold and holds is not NoHold:  # expired, not COMMBENCH_NO_HOLD=1
                 r["unheld_reason"] = self._expired_why()
             self.last_timing = r
         return times
@@ -246,10 +264,17 @@ class TorchComm(Comm):
             return bool(self.max_over_ranks(np.array([float(mine)]))[0] > 0)
         return bool(mine)
 
+    def _uncovered(self, all_held: bool) -> bool:
+        """A hold ran out (on this rank). Never where nothing holds by design
+        (COMMBENCH_NO_HOLD=1: NoHold.covered() reads False, which is no expiry)."""
+        return self._hold_method != "none" and not all_held
+
     def _hold_fields(self) -> dict:
         out = {"hold_method": self._hold_method}
         if self._hold_fallback:
             out["hold_fallback"] = self._hold_fallback
+        if self._hold_method == "none" and self._hold_factory is NoHold:
+            out["unheld_reason"] = f"{NO_HOLD_ENV}=1: events on an idle stream, no hold (a diagnostic)"
         return out
 
     def _expired_why(self) -> str:
@@ -265,7 +290,7 @@ class TorchComm(Comm):
         t = time_with_events(op, iters, self._event, torch.cuda.synchronize, between=between)
         self.last_timing = {"ops_per_sample": 1, "sample": "one operation between an event pair on an idle stream",
                             "held": False, "unheld_samples": int(iters), "clock": "cuda_event",
-                            "unheld_reason": why, **self._hold_fields()}
+                            **self._hold_fields(), "unheld_reason": why}
         if getattr(op, "host_waits", False):
             self.last_timing["hold_method"] = "none"  # by design: nothing to warn about
         return t
@@ -287,7 +312,7 @@ class TorchComm(Comm):
         unheld)."""
         if self._batch_for is not op:
             r = time_held(op, 1, 10, self._holds(), self._event, self.torch.cuda.synchronize, meet=self._meet)
-            est, ran_out = float(r.samples_s[0]), float(not r.held.all())
+            est, ran_out = float(r.samples_s[0]), float(self._uncovered(r.held.all()))
             if self.size > 1:
                 est, ran_out = self.max_over_ranks(np.array([est, ran_out]))
             if ran_out:
@@ -299,7 +324,7 @@ class TorchComm(Comm):
         if self._hold_factory is None:
             # COMMBENCH_NO_HOLD=1: events on an idle stream, as before holds (a diagnostic:
             # it shows what the host's launch cost does to the samples; rows say unheld).
-            if os.environ.get("COMMBENCH_NO_HOLD") == "1":
+            if os.environ.get(NO_HOLD_ENV) == "1":
                 self._hold_factory, self._hold_method = NoHold, "none"
             else:
                 self._hold_factory, self._hold_method, self._hold_fallback = make_holds(self.torch)
@@ -324,6 +349,7 @@ class TorchComm(Comm):
         sync = self.torch.cuda.synchronize
         if not hold:
             self.last_timing = {"clock": "cuda_event"}
+            self._mark_shared()
             return time_steps_with_events(step, iters, nlaps, self._event, sync, between=between)
         holds = self._holds()
         self._first_unheld(step, lambda: step(lambda: None))
@@ -332,7 +358,7 @@ class TorchComm(Comm):
         out = time_steps_with_events(step, iters, nlaps, self._event, sync, between=between,
                                      hold=NoHold if expired else holds, meet=self._meet,
                                      host_waits=host_waits, info=info)
-        if not expired and self._ran_out(not info["held"]):
+        if not expired and self._ran_out(self._uncovered(info["held"])):
             self._expired.add(step)
         self.last_timing = {"ops_per_sample": 1, **info, **self._hold_fields(),
                             "sample": "one step between events, stream held while it is enqueued",
@@ -340,6 +366,7 @@ class TorchComm(Comm):
         if expired:
             self.last_timing.update(sample="one step between events on an idle stream", clock="cuda_event",
                                     unheld_reason=self._expired_why())
+        self._mark_shared()
         return out
 
     # --- CUDA graph plumbing (torch.cuda) -------------------------------------------
@@ -375,6 +402,7 @@ class TorchComm(Comm):
 
 
 HOLD_CAP_HINT = "COMMBENCH_HOLD_CAP_S sets it"
+NO_HOLD_ENV = "COMMBENCH_NO_HOLD"
 
 
 class _IdentitySet:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from commbench import backends
 from commbench.analyse.ceilings import resolve_profile_spec
-from commbench.backends.gpus import check_gpu_path, visible_gpus
+from commbench.backends.gpus import apply_rank_hostid, check_gpu_path, visible_gpus
 from commbench.core import hoststate
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg
@@ -35,6 +35,7 @@ def run_command(args, argv: list[str], overrides_p: dict) -> int:
     """`commbench run`: args as cli parsed them, argv the command line (passed on to the
     ranks), overrides_p the profile flags."""
     check_launch_flags(args)
+    apply_rank_hostid()  # a rank sharing a GPU by the opt-in: its own NCCL_HOSTID before NCCL starts
     if args.resume:
         return resume_run(args, argv, strip_np)
     if args.np is None and args.out and os.environ.get(contract.LAUNCHER_PID_ENV):  # `run --np`'s rank: its spec

@@ -279,7 +279,8 @@ def test_every_step_is_time_boxed_and_the_budget_skips_what_it_cannot_fit(tmp_pa
     now[0] = 0.0
     chk = gc.Check(tmp_path, budget_s=100.0, clock=lambda: now[0])
     res = gc.run_steps([("hbm", late), ("moe", late)], chk)
-    assert res[0][2].startswith("30 s left") and res[1][2].startswith("90 s left")  # each step's own box
+    box = gc.STEP_LIMIT_S  # each step's own box
+    assert res[0][2].startswith(f"{box['hbm']} s left") and res[1][2].startswith(f"{box['moe']} s left")
     chk = gc.Check(tmp_path, step_timeout=10.0, budget_s=100.0, clock=lambda: now[0])
     assert gc.run_steps([("moe", late)], chk)[0][2].startswith("10 s left")
     chk.start_step("moe")
@@ -302,10 +303,10 @@ def test_run_cmd_runs_the_checkout_in_place(tmp_path):
 
 def test_gpu_check_says_in_one_line_what_is_missing(monkeypatch):
     gc = _gpu_check()
-    monkeypatch.setattr(gc, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(gc.gpu_preflight, "visible_gpus", lambda: 0)
     rc, line, _ = gc.preflight()
     assert rc == 3 and line.startswith("no CUDA device: nothing to check (") and "\n" not in line
-    monkeypatch.setattr(gc, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(gc.gpu_preflight, "visible_gpus", lambda: 1)
     import importlib.util
 
     orig = importlib.util.find_spec
