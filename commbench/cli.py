@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--trace", metavar="FILE", help="moe: the skew of a recorded routing trace (sets experts, top-k)")
     m.add_argument("--dispatchers", type=_csv,
                    help="moe: alltoall, hierarchical, deepep-normal, low-latency (default the first three)")
+    m.add_argument("--stack", metavar="NAME",
+                   help="moe: the kernel stack whose terms replace the profiles' (deepep, deepep-ll, deepep-v2, "
+                        "hybrid-ep, uccl-ep, uccl-ep-ll, or an alias; docs/model.md#kernel-stacks)")
     m.add_argument("--against", nargs="?", const="", metavar="FILE",
                    help="hold the model against a table of published figures (default: the shipped "
                         "commbench/data/published.toml) and print published, projected and their ratio")
@@ -291,11 +294,12 @@ def cmd_list() -> int:
     return 0
 
 
-def _profiles(args, default: list[str]):
+def _profiles(args, default: list[str], nic_keeps_ratio: bool = False):
     from commbench.analyse import ceilings
 
     names = _csv(args.profile) if args.profile else default
-    return [ceilings.apply_overrides(ceilings.load_profile(n), profile_overrides(args)) for n in names]
+    return [ceilings.apply_overrides(ceilings.load_profile(n), profile_overrides(args), nic_keeps_ratio)
+            for n in names]
 
 
 class _DroppingStdout:
@@ -414,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "ceilings":
             return ceilings_command(lambda default: _profiles(args, default))
         if args.cmd == "model":
-            return model_command(args, lambda default: _profiles(args, default))
+            return model_command(args, lambda default: _profiles(args, default, nic_keeps_ratio=True))
     except UsageError as e:
         from commbench.run.contract import say_once
 

@@ -31,6 +31,13 @@ class Terms:
     moe_*: DeepEP-style kernels run the NIC and NVLink below the NCCL rates; the NVLink
     efficiency falls by moe_nvl_falloff for each doubling of the domain's ranks above 8.
     moe_ll_fixed_us: the launch / notify cost of a low-latency kernel, paid once.
+    gpu_arch: ampere, hopper or blackwell where the fabric runs NCCL (a GPU profile): its
+    collectives then take NCCL's tuner latencies and protocols (latency.py); None: plain
+    alpha-beta (loopback, fabric_from_rates). net_latency_us: the fabric's own latency a
+    network step adds to NCCL's (InfiniBand-tuned) tables, as NCCL adds its network plugin's.
+    net_protocols: the protocols NCCL runs across domains on this fabric (None: LL, LL128 and
+    Simple, as on InfiniBand). net_ramp_nbytes_per_gpu: the network's bandwidth ramp, the
+    first bytes a GPU's NIC sends at half its rate (0: none).
     """
     inswitch_algbw_gbps: float | None = None
     inswitch_ramp_nbytes_per_gpu: float = 0.0
@@ -39,6 +46,11 @@ class Terms:
     moe_nvl_efficiency: float = 1.0
     moe_nvl_falloff: float = 1.0
     moe_ll_fixed_us: float = 0.0
+    gpu_arch: str | None = None
+    net_latency_us: float = 0.0
+    net_protocols: tuple[str, ...] | None = None  # the protocols NCCL runs across domains (None: all)
+    net_ramp_nbytes_per_gpu: float = 0.0
+    net_simple_latency_us: float | None = None  # Simple's extra a network step (None: net_latency_us again)
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,11 @@ def fabric_from_profile(prof, rate: str = "achieved") -> Fabric:
     terms = Terms(inswitch_algbw_gbps=A, inswitch_ramp_nbytes_per_gpu=prof.inswitch_ramp_nbytes_per_gpu or 0.0,
                   rails=prof.nic_rails, moe_nic_efficiency=prof.moe_nic_efficiency or 1.0,
                   moe_nvl_efficiency=prof.moe_nvl_efficiency or 1.0, moe_nvl_falloff=prof.moe_nvl_falloff or 1.0,
-                  moe_ll_fixed_us=prof.moe_ll_fixed_us or 0.0)
+                  moe_ll_fixed_us=prof.moe_ll_fixed_us or 0.0, gpu_arch=prof.gpu_arch,
+                  net_latency_us=prof.net_latency_us or 0.0,
+                  net_protocols=tuple(prof.net_protocols.split(",")) if prof.net_protocols else None,
+                  net_ramp_nbytes_per_gpu=prof.net_ramp_nbytes_per_gpu or 0.0,
+                  net_simple_latency_us=prof.net_simple_latency_us)
     return dataclasses.replace(fab, terms=terms)
 
 

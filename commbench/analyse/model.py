@@ -13,6 +13,27 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from commbench.analyse import latency as _latency
+from commbench.analyse import moe_stacks
+from commbench.analyse.collectives import (  # noqa: F401
+    ALL_REDUCE_ALGOS,
+    NCCL_CANDIDATES,
+    NCCL_NAMES,
+    TREE_BW_FACTOR,
+    _bound,
+    _net_gbps,
+    all_gather_detail,
+    all_gather_time_us,
+    all_reduce_detail,
+    all_reduce_time_us,
+    all_to_all_detail,
+    all_to_all_time_us,
+    nccl_label,
+    nccl_pick,
+    nvls_usable,
+    reduce_scatter_detail,
+    reduce_scatter_time_us,
+)
 from commbench.analyse.fabric import (  # noqa: F401
     Fabric,
     Terms,
@@ -39,204 +60,40 @@ ASSUMPTIONS: list[str] = [
     "contention, incast or switch queuing",
     "B is per direction per GPU; sending and receiving overlap fully",
     "one NIC per GPU; NCCL spreads a domain's inter-domain traffic over min(G, rails) NICs "
-    "(rail-optimised rings and trees), so a ring crossing domains runs at min(B_up, rails x B_nic)",
+    "(rail-optimised rings and trees), so a ring all_reduce, all_gather or reduce_scatter crossing domains "
+    "runs at min(B_up, rails x B_nic)",
     "placement: p ranks fill the fewest scale-up domains that hold them in equal parts, "
     "G = the largest divisor of p not above the domain size, N = p/G domains (128 ranks on "
     "72-GPU racks: 2 racks x 64 GPUs, 8 idle in each; 12 on 8-GPU nodes: 2 x 6); the formulas "
     "need the same G in every domain",
-    "all_reduce as NCCL runs it: NVLS at the profile's in-switch rate with a size ramp and no "
-    "gain at <= 4 GPUs a domain, Tree / NVLSTree / hierarchical with their phases overlapped; "
-    "NCCL's pick is the fastest of Ring, Tree and NVLS(Tree)",
-    "MPI-style flat algorithms (recursive doubling, Rabenseifner) and pairwise all_to_all run "
-    "at the slowest link: above one scale-up domain (p > G) every step costs the scale-out tier",
-    "pairwise all_to_all above one domain: (p-G)/p of the bytes cross the NIC and "
-    "(G-1)/p stay on scale-up, both at once; time = latency steps + the slower tier",
+    "all_reduce as NCCL runs it: NVLS at the profile's in-switch rate, its latency (NCCL's 25 us) apart "
+    "from its bandwidth ramp (the first ramp x G bytes at half the in-switch rate; ramp 3.1 MiB a GPU, fitted "
+    "on CoreWeave's GB200 rack at 512 MiB), no gain at <= 4 GPUs a domain; Tree / NVLSTree / hierarchical with their phases overlapped; NCCL's pick is the fastest of Ring, "
+    "Tree and NVLS(Tree), each at its fastest protocol",
+    "Tree and NVLSTree at the rate they reach: the double binary tree sends the reduce up and the broadcast "
+    "down each link in opposite directions, so a domain's NICs carry S each way on two domains, 1.5 S on "
+    "three, 2 S from four on (Tree busbw up to 2 x 0.92 x R_net on two domains); NVLSTree's network S on "
+    "two domains, 2 S above (NCCL tuning.cc:320); Tree's chain inside a domain carries 2 S at 0.92 of B_up",
+    *_latency.ASSUMPTIONS,
+    "MPI-style flat algorithms (recursive doubling, Rabenseifner) run at the slowest link: above one "
+    "scale-up domain (p > G) every step costs the scale-out tier; they, hierarchical and a fabric without "
+    "a GPU profile (loopback) pay the tiers' alphas per step",
+    "pairwise all_to_all above one domain: (p-G)/p of the bytes cross the rank's NIC and "
+    "(G-1)/p stay on scale-up, both at once; on NCCL the sends to all peers are posted at once, so the "
+    "per-peer latencies overlap (one step of each tier used); MPI-style (loopback) pays p-1 steps in turn",
     "gamma (reduction cost per byte) is 0 unless set: GPUs reduce at memory bandwidth "
     "and overlap it with the transfer",
     "recursive doubling and Rabenseifner round lg p up for p not a power of two",
     "MoE volumes are expectations under uniform top-k routing; with --workload or --trace a second "
     "row per case scales each tier's bytes by the most loaded rank's skew (docs/model.md#skewed-routing); "
-    "time = slower tier at the profile's MoE kernel efficiencies + one alpha per tier used",
+    "time = slower tier at the MoE kernel efficiencies (the profile's, or --stack's) + one alpha per tier used "
+    "+ the kernels' fixed cost",
     "MoE combine moves the same copies as dispatch, in BF16 (2 bytes per element)",
     "rates are whatever the fabric was built from: line rates give a lower bound on "
     "time; achieved (calibrated) rates give a realistic estimate",
 ]
 
-ALL_REDUCE_ALGOS = ("ring", "tree", "recursive_doubling", "rabenseifner", "inswitch", "hierarchical")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "moe")
-
-
-# ------------------------------------------------------------------ collectives
-
-# NCCL's names for the algorithms it runs; the others are MPI-style and NCCL never picks them.
-NCCL_NAMES = {"ring": "Ring", "tree": "Tree"}
-TREE_BW_FACTOR = 0.92  # NCCL src/graph/tuning.cc: a tree all_reduce reaches 0.92 of the link
-NVLS_TREE_NET_FACTOR = 6 / 5  # tuning.cc: NVLSTree's bus to algorithm bandwidth ratio is 5/6
-
-
-def _bound(lat: float, nvl: float, nic: float) -> str:
-    """Which term decides a time: the largest of latency, NVLink and NIC bandwidth."""
-    return max((lat, "latency-bound"), (nvl, "NVLink-bound"), (nic, "NIC-bound"))[1]
-
-
-def _net_gbps(G: int, fabric: Fabric, what: str) -> float:
-    """R_net: what one domain moves to the others, rails x NIC (NCCL runs one ring or tree
-    per NIC, rail-optimised; docs/model.md): min(G, rails) NICs of B_nic each."""
-    nic = _scaleout(fabric, what)
-    rails = fabric.terms.rails or G
-    return min(G, rails) * nic.bandwidth_gbps
-
-
-def nvls_usable(p: int, fabric: Fabric) -> str | None:
-    """None when NCCL would run NVLS (NVLSTree above a domain) at world p, else why not."""
-    if fabric.terms.inswitch_algbw_gbps is None:
-        return "no in-switch rate in the profile (no NVLink SHARP)"
-    if min(p, _domain(p, fabric)) <= 4:
-        return "NVLS gains nothing on 4 GPUs a domain or fewer (NVIDIA/nccl#1455)"
-    return None
-
-
-def all_reduce_detail(algo: str, p: int, nbytes: float, fabric: Fabric) -> dict:
-    """One all_reduce of S = nbytes over p ranks, modelled the way NCCL runs it (docs/model.md).
-
-    G ranks per domain, N = p/G domains, B_up the scale-up rate (ring busbw), R_net =
-    min(G, rails) x B_nic what one domain sends to the others:
-
-    - ring: 2(p-N) a_up + 2(N-1) a_nic + 2(p-1)/p S / R, R = B_up in a domain, else
-      min(B_up, R_net) (rail-parallel rings);
-    - tree (NCCL Tree): 2((G-1) a_up + lg N a_nic) + 2S / (0.92 min(B_up, R_net));
-    - inswitch: NVLS in a domain, a_up + (S + ramp p) / A (A the in-switch S/t); above a
-      domain NVLSTree, phases overlapped: max((S + ramp G) / A, 6/5 k S / R_net), k = 1 on two
-      domains, 2 above (NCCL tuning.cc: 5/6 of bwInter, halved above 2 nodes); at <= 4
-      GPUs a domain NVLS runs as the ring. A profile without an in-switch rate gets a
-      generic switch at the link rate: a + S(p+1)/(p B);
-    - hierarchical: reduce-scatter in the domain, all_reduce of S/G across, all_gather,
-      pipelined: 2(G-1) a_up + 2(N-1) a_nic + max(2(G-1)/G S/B_up, 2(N-1)/N S/R_net);
-    - recursive_doubling, rabenseifner: flat, at the slowest link (docs/ceilings.md#formulas).
-
-    Returns time_us, latency_us, nvl_us, nic_us, bound (latency-, NVLink- or NIC-bound),
-    nccl (NCCL's name for it, None for the MPI-style ones).
-    """
-    p = _check_p(p)
-    if algo not in ALL_REDUCE_ALGOS:
-        raise UsageError(f"unknown all_reduce algorithm {algo!r}; choose one of {', '.join(ALL_REDUCE_ALGOS)}")
-    S, g = float(nbytes), fabric.gamma_us_per_byte
-    if p == 1:
-        return {"time_us": 0.0, "latency_us": 0.0, "nvl_us": 0.0, "nic_us": 0.0, "bound": "latency-bound",
-                "nccl": NCCL_NAMES.get(algo)}
-    G = _domain(p, fabric)
-    N = p // G
-    up = fabric.scaleup
-    red = (p - 1) / p * S * g  # reduction cost, 0 unless gamma is set
-    lat = nvl = nic = 0.0
-    name = NCCL_NAMES.get(algo)
-    if algo == "inswitch" and nvls_usable(p, fabric) is not None:
-        if fabric.terms.inswitch_algbw_gbps is not None:
-            d = all_reduce_detail("ring" if N == 1 else "tree", p, S, fabric)
-            return {**d, "nccl": "NVLS" if N == 1 else "NVLSTree"}  # <= 4 GPUs: no gain over those
-        tier = _flat_tier(p, fabric, "inswitch all_reduce")
-        lat, bw = tier.alpha_us, (p + 1) / p * _xfer_us(S, tier)
-        nvl, nic = (bw, 0.0) if tier is up else (0.0, bw)
-        name = None
-    elif algo == "inswitch":
-        A = Tier("inswitch", up.alpha_us, fabric.terms.inswitch_algbw_gbps)
-        nvl = _xfer_us(S + fabric.terms.inswitch_ramp_nbytes_per_gpu * G, A)
-        if N == 1:
-            lat, name = up.alpha_us, "NVLS"
-        else:
-            out = _scaleout(fabric, "NVLSTree all_reduce")
-            # NCCL tuning.cc: NVLSTree runs the network at 5/6 of bwInter, halved above 2 nodes
-            k = (1 if N <= 2 else 2) * NVLS_TREE_NET_FACTOR
-            nic = k * S / (_net_gbps(G, fabric, "NVLSTree") * 1e3)
-            lat, name = 2 * up.alpha_us + 2 * _lg(N) * out.alpha_us, "NVLSTree"
-    elif algo in ("ring", "tree"):
-        R = up.bandwidth_gbps if N == 1 else min(up.bandwidth_gbps, _net_gbps(G, fabric, f"{algo} all_reduce"))
-        if algo == "ring":
-            bw = 2 * (p - 1) / p * S / (R * 1e3)
-            lat = 2 * (p - N) * up.alpha_us + (2 * (N - 1) * fabric.scaleout.alpha_us if N > 1 else 0.0)
-        else:
-            bw = 2 * S / (TREE_BW_FACTOR * R * 1e3)
-            lat = 2 * (G - 1) * up.alpha_us + (2 * _lg(N) * fabric.scaleout.alpha_us if N > 1 else 0.0)
-        nvl, nic = (bw, 0.0) if R == up.bandwidth_gbps else (0.0, bw)
-    elif algo == "hierarchical":
-        lat = 2 * (G - 1) * up.alpha_us
-        nvl = 2 * (G - 1) / G * _xfer_us(S, up)
-        if N > 1:
-            lat += 2 * (N - 1) * _scaleout(fabric, "hierarchical all_reduce").alpha_us
-            nic = 2 * (N - 1) / N * S / (_net_gbps(G, fabric, "hierarchical all_reduce") * 1e3)
-    else:
-        tier = _flat_tier(p, fabric, f"{algo} all_reduce")
-        a, lg = tier.alpha_us, _lg(p)
-        if algo == "recursive_doubling":
-            lat, bw, red = lg * a, lg * _xfer_us(S, tier), lg * S * g
-        else:  # rabenseifner
-            lat, bw = 2 * lg * a, 2 * (p - 1) / p * _xfer_us(S, tier)
-        nvl, nic = (bw, 0.0) if tier is up else (0.0, bw)
-    return {"time_us": lat + max(nvl, nic) + red, "latency_us": lat, "nvl_us": nvl, "nic_us": nic,
-            "bound": _bound(lat, nvl, nic), "nccl": name}
-
-
-def all_reduce_time_us(algo: str, p: int, nbytes: float, fabric: Fabric) -> float:
-    """Time of one all_reduce of nbytes over p ranks (all_reduce_detail's time_us)."""
-    return all_reduce_detail(algo, p, nbytes, fabric)["time_us"]
-
-
-NCCL_CANDIDATES = ("ring", "tree", "inswitch")
-
-
-def nccl_pick(p: int, nbytes: float, fabric: Fabric) -> dict:
-    """The algorithm NCCL would run: of Ring, Tree and NVLS / NVLSTree (where the profile has
-    NVLink SHARP and a domain holds more than 4 GPUs), the fastest by this model, as NCCL's
-    tuner picks the fastest by its own (src/graph/tuning.cc). Returns algo, nccl, time_us,
-    bound and why (one line: what decided it and what was left out)."""
-    options = [a for a in NCCL_CANDIDATES if a != "inswitch" or nvls_usable(p, fabric) is None]
-    got = {a: all_reduce_detail(a, p, nbytes, fabric) for a in options}
-    best = min(options, key=lambda a: got[a]["time_us"])
-    d = got[best]
-    others = ", ".join(f"{got[a]['nccl']} {got[a]['time_us']:.4g} us" for a in options if a != best)
-    why = f"{d['nccl']} fastest by this model ({d['bound']}); " + (f"then {others}" if others else "no other")
-    if "inswitch" not in options:
-        why += f"; NVLS not offered: {nvls_usable(p, fabric)}"
-    return {"algo": best, **d, "why": why}
-
-
-def all_gather_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
-    """Ring all_gather, S = the whole output: (p-1) a + (p-1)/p S/B."""
-    p = _check_p(p)
-    if p == 1:
-        return 0.0
-    tier = _flat_tier(p, fabric, "ring all_gather")
-    return (p - 1) * tier.alpha_us + (p - 1) / p * _xfer_us(float(nbytes), tier)
-
-
-def reduce_scatter_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
-    """Ring reduce_scatter, S = the whole input: (p-1) a + (p-1)/p S/B + (p-1)/p S gamma."""
-    p = _check_p(p)
-    if p == 1:
-        return 0.0
-    S = float(nbytes)
-    return all_gather_time_us(p, S, fabric) + (p - 1) / p * S * fabric.gamma_us_per_byte
-
-
-def all_to_all_time_us(p: int, nbytes: float, fabric: Fabric) -> float:
-    """Pairwise all_to_all, S = bytes a rank sends in total.
-
-    Inside one domain (p <= G): (p-1) a_nvl + S/B_nvl (docs/ceilings.md#formulas; S includes the
-    rank's own chunk, so this is the same B a fit of t = (p-1) a + S/B measures).
-    Above it: the p-G peers in other domains take (p-G)/p S over the NIC and the G-1
-    in its own domain (G-1)/p S over scale-up, both at once:
-    (p-G) a_nic + (G-1) a_nvl + max((p-G)/p S/B_nic, (G-1)/p S/B_nvl).
-    """
-    p = _check_p(p)
-    if p == 1:
-        return 0.0
-    S, G = float(nbytes), _domain(p, fabric)
-    up = fabric.scaleup
-    if p <= G:
-        return (p - 1) * up.alpha_us + _xfer_us(S, up)
-    nic = _scaleout(fabric, "all_to_all")
-    return ((p - G) * nic.alpha_us + (G - 1) * up.alpha_us
-            + max(_xfer_us((p - G) / p * S, nic), _xfer_us((G - 1) / p * S, up)))
 
 
 # ------------------------------------------------------------------ MoE
@@ -274,8 +131,9 @@ def moe_scenario_defaults() -> dict:
 def moe_nvl_efficiency(G: int, terms: Terms) -> float:
     """NVLink efficiency inside a MoE kernel with G ranks a domain: moe_nvl_efficiency up to
     8 (the DeepEP H800 node it was measured on), times moe_nvl_falloff for each doubling
-    above (HybridEP on GB200: 448 GB/s at 8 ranks, 394 at 16)."""
-    return terms.moe_nvl_efficiency * terms.moe_nvl_falloff ** max(0.0, math.log2(G / 8))
+    above (the profiles' 0.88: DeepEP's rows of the Hybrid-EP README's GB200 table, 448 GB/s at
+    8 ranks, 394 at 16; Hybrid-EP's own rows fall less: docs/model.md#kernel-stacks)."""
+    return moe_stacks.nvl_rate_gbps(1.0, G, 1, terms)
 
 
 def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, experts: int,
@@ -286,7 +144,9 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
         t = max(V_nic / (e_nic B_nic), V_nvl / (e_nvl(G) B_nvl)) + alpha_nic [if V_nic > 0]
             + alpha_nvl [if V_nvl > 0] + F [low-latency kernels]
 
-    e_nic, e_nvl(G) and F are the fabric's terms (Terms; 1, 1 and 0 unless a profile sets them).
+    e_nic, e_nvl(G) and F are the fabric's terms (Terms; 1, 1 and 0 unless a profile sets them),
+    or a kernel stack's (moe_stacks.with_stack: its F paid by every call, its NVLink ceiling
+    across domains).
 
     V_nic, V_nvl: expected bytes one rank sends per tier (accounting.dispatch_volume_nbytes)
     for case "flat", "hierarchical" or "node_limited", or the dispatcher modelled by one
@@ -320,15 +180,14 @@ def moe_time_us(case: str, tokens: int, hidden: int, token_nbytes: int | None, e
     except ValueError as e:
         raise UsageError(str(e)) from None
     up, terms = fabric.scaleup, fabric.terms
-    nvl_us = v_nvl / (up.bandwidth_gbps * moe_nvl_efficiency(G, terms) * 1e3)
+    nvl_us = v_nvl / (moe_stacks.nvl_rate_gbps(up.bandwidth_gbps, G, p // G, terms) * 1e3)
     nic_us, lat = 0.0, (up.alpha_us if v_nvl > 0 else 0.0)
     nic = None
     if v_nic > 0:
         nic = _scaleout(fabric, f"MoE {stage} at p={p}")
         nic_us = v_nic / (nic.bandwidth_gbps * terms.moe_nic_efficiency * 1e3)
         lat += nic.alpha_us
-    if low_latency:
-        lat += terms.moe_ll_fixed_us
+    lat += moe_stacks.fixed_us(terms, low_latency, v_nic > 0)  # a stack's (moe_stacks.with_stack) or the profile's F
     return {
         "time_us": max(nic_us, nvl_us) + lat,
         "bound": _bound(lat, nvl_us, nic_us),
@@ -459,17 +318,16 @@ def project(kind: str, worlds, fabric: Fabric, sizes_nbytes=None, moe_shape: dic
     for p in worlds:
         for S in sizes_nbytes:
             for a in algos:
-                extra = {}
                 if kind == "all_reduce":
                     d = all_reduce_detail(a, p, S, fabric)
-                    t = d["time_us"]
-                    extra = {"bound": d["bound"], "nccl": d["nccl"] or "-"}
                 elif kind == "all_gather":
-                    t = all_gather_time_us(p, S, fabric)
+                    d = all_gather_detail(p, S, fabric)
                 elif kind == "reduce_scatter":
-                    t = reduce_scatter_time_us(p, S, fabric)
+                    d = reduce_scatter_detail(p, S, fabric)
                 else:
-                    t = all_to_all_time_us(p, S, fabric)
+                    d = all_to_all_detail(p, S, fabric)
+                t = d["time_us"]
+                extra = {"bound": d["bound"], "nccl": nccl_label(d) if d["nccl"] else "-", "proto": d["proto"]}
                 algbw = S / (t * 1e3) if t > 0 else math.inf
                 f = bench.busbw_factor(p)
                 out.append({"kind": kind, "algo": a, "world": p, **placement(p, fabric), "nbytes": int(S),

@@ -64,6 +64,11 @@ class Profile:
     moe_nvl_efficiency: float | None = None
     moe_nvl_falloff: float | None = None
     moe_ll_fixed_us: float | None = None
+    gpu_arch: str | None = None  # ampere, hopper, blackwell: the fabric runs NCCL (latency.py)
+    net_latency_us: float | None = None  # the fabric's latency a network step adds to NCCL's tables
+    net_protocols: str | None = None  # comma list of the protocols NCCL runs across domains (None: all)
+    net_ramp_nbytes_per_gpu: float | None = None  # bytes a GPU's NIC sends at half rate before its full rate
+    net_simple_latency_us: float | None = None  # Simple's extra a network step (None: net_latency_us again)
     model_sources: str = ""
 
     def scaleup_rates_for(self, nbytes: int) -> tuple[float | None, float | None]:
@@ -121,7 +126,14 @@ _MODEL_KEYS = {"inswitch_gpus": ("int", "inswitch_gpus"),
                "moe_nvl_efficiency": ("number", "moe_nvl_efficiency"),
                "moe_nvl_falloff_per_doubling": ("number", "moe_nvl_falloff"),
                "moe_low_latency_fixed_us": ("number", "moe_ll_fixed_us"),
+               "gpu_arch": ("str", "gpu_arch"),
+               "net_latency_us": ("number0", "net_latency_us"),
+               "net_protocols": ("str", "net_protocols"),
+               "net_ramp_MiB_per_gpu": ("number0", "net_ramp_nbytes_per_gpu"),
+               "net_simple_latency_us": ("number0", "net_simple_latency_us"),
                "sources": ("str", "model_sources")}
+GPU_ARCHS = ("ampere", "hopper", "blackwell")  # NCCL's tuner tables by GPU generation (latency.py)
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 # Profile files are every data/*.toml but these (the published figures `model --against` reads).
 _NOT_PROFILES = ("published",)
 _SCALEUP_KEYS = ("link", "line_rate", "achieved_rate", "inswitch_achieved_rate", "domain_gpus", "node_gpus",
@@ -174,11 +186,13 @@ def _get(table: dict, key: str, prefix: str, where: str, kind: str, required: bo
         if not isinstance(v, bool):
             raise UsageError(f"{where}: {field} must be true or false, got {v!r}")
         return v
-    if kind in ("int", "number"):
+    if kind in ("int", "number", "number0"):
         ok = isinstance(v, int) if kind == "int" else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok:
             raise UsageError(f"{where}: {field} must be {'an integer' if kind == 'int' else 'a number'}, got {v!r}")
-        if not v > 0:
+        if kind == "number0" and not (v >= 0 and math.isfinite(v)):  # a latency that may be 0
+            raise UsageError(f"{where}: {field} must be a finite number >= 0, got {v!r}")
+        if kind != "number0" and not v > 0:
             raise UsageError(f"{where}: {field} must be positive, got {v!r}")
         return v if kind == "int" else float(v)
     return parse_rate_gbps(v, field=field, where=where)
@@ -232,9 +246,17 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
         v = _get(model, key, "model.", where, kind, False)
         if v is not None and key.startswith("moe_n") and v > 1:
             raise UsageError(f"{where}: model.{key} = {v} must be at most 1 (a fraction of the achieved rate)")
-        if v is not None and key == "inswitch_ramp_MiB_per_gpu":
+        if v is not None and key == "gpu_arch" and v not in GPU_ARCHS:
+            raise UsageError(f"{where}: model.gpu_arch = {v!r}; choose one of {', '.join(GPU_ARCHS)}")
+        if v is not None and key == "net_protocols":
+            names = [x.strip() for x in v.split(",")]
+            if not names or any(x not in NCCL_PROTOCOLS for x in names) or "Simple" not in names:
+                raise UsageError(f"{where}: model.net_protocols = {v!r}: a comma list of {', '.join(NCCL_PROTOCOLS)} "
+                                 "with Simple in it")
+            v = ",".join(names)
+        if v is not None and key in ("inswitch_ramp_MiB_per_gpu", "net_ramp_MiB_per_gpu"):
             v = v * (1 << 20)
-        terms[field] = v if v is not None or kind != "str" else ""
+        terms[field] = v if v is not None or kind != "str" or key in ("gpu_arch", "net_protocols") else ""
 
     return profile_from_fields(dict(
         **terms,
@@ -364,9 +386,12 @@ def _positive(key: str, value, integer: bool = False):
     return v
 
 
-def apply_overrides(profile: Profile, overrides: dict) -> Profile:
-    """CLI overrides; a None value means "not given". An overridden rate becomes both the
-    line and the achieved rate, since the user gave one number (the notes say so)."""
+def apply_overrides(profile: Profile, overrides: dict, nic_keeps_ratio: bool = False) -> Profile:
+    """CLI overrides; a None value means "not given". An overridden scale-up rate becomes both
+    the line and the achieved rate, since the user gave one number; an overridden NIC rate is
+    a line rate: with nic_keeps_ratio (the what-if model) achieved at the profile's own
+    achieved/line ratio, else (and where the profile has no NIC) line = achieved. The notes
+    say which."""
     changes, said = {}, []
     for key, value in overrides.items():
         if key not in _OVERRIDE_KEYS:
@@ -375,10 +400,18 @@ def apply_overrides(profile: Profile, overrides: dict) -> Profile:
             continue
         if key == "nic_gbps":
             gbps = _positive(key, value) / 8
-            changes.update(scaleout_line_gbps=gbps, scaleout_achieved_gbps=gbps)
+            if nic_keeps_ratio and profile.scaleout_line_gbps and profile.scaleout_achieved_gbps:
+                # the profile's NIC reaches a share of its line rate (NDR 400G: 48 of 50 GB/s); a
+                # faster NIC of the same stack is taken to reach the same share, not its line rate
+                ratio = profile.scaleout_achieved_gbps / profile.scaleout_line_gbps
+                changes.update(scaleout_line_gbps=gbps, scaleout_achieved_gbps=gbps * ratio)
+                said.append(f"scale-out overridden: line {format_rate(gbps)}, achieved {format_rate(gbps * ratio)} "
+                            f"(the profile's achieved/line ratio, {ratio:.3g})")
+            else:
+                changes.update(scaleout_line_gbps=gbps, scaleout_achieved_gbps=gbps)
+                said.append(f"scale-out overridden: line = achieved = {format_rate(gbps)}")
             if profile.scaleout_link is None:
                 changes["scaleout_link"] = f"{_num(gbps * 8)}G NIC"
-            said.append(f"scale-out overridden: line = achieved = {format_rate(gbps)}")
         elif key == "scaleup_GBps":
             gbps = _positive(key, value)
             # A fixed rate replaces the size-dependent loopback rates too.

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from commbench.analyse import ceilings
+from commbench.analyse import ceilings, moe_stacks
 from commbench.analyse import model as M
 from commbench.analyse import model_skew as MS
 from commbench.analyse.analysis import fit_table
-from commbench.analyse.model_check import check, default_table, load_table, summary
+from commbench.analyse.model_check import check, class_summary, default_table, load_table, stack_summary_lines, summary
 from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg, sweep_sizes
@@ -20,6 +20,7 @@ from commbench.moe.workloads import parse_tokens_by_rank
 from commbench.report.model_view import (
     against_table,
     assumptions_text,
+    class_lines,
     fabric_title,
     left_out_lines,
     nccl_pick_line,
@@ -39,7 +40,7 @@ def cmd_against(path, console, plain: bool) -> int:
     source = path or default_table()
     checked = check(load_table(source))
     console.print(against_table(checked, source, plain))
-    for line in summary_lines(summary(checked)):
+    for line in summary_lines(summary(checked)) + class_lines(class_summary(checked)) + stack_summary_lines(checked):
         console.print(line)
     return 0 if summary(checked)["ok"] else 1
 
@@ -54,7 +55,7 @@ def model_command(args, profiles_of) -> int:
         given = [f"--{k.replace('_', '-')}" for k in ("profile", "worlds", "sizes", "algos", "calibrate", "tokens",
                                                       "hidden", "experts", "topk", "max_groups", "nic_gbps",
                                                       "scaleup_GBps", "domain_gpus", "workload", "trace",
-                                                      "dispatchers")
+                                                      "dispatchers", "stack")
                  if getattr(args, k, None) is not None] + (["--rate"] if args.rate != "achieved" else []) \
             + (["--param"] if getattr(args, "param", None) else [])
         if given:
@@ -79,10 +80,16 @@ def model_command(args, profiles_of) -> int:
             if prof.measured and prof.scaleup_line_gbps is None:
                 raise UsageError(f"profile {prof.name} is measured at run time: use --calibrate RUN_DIR")
             fabrics.append((prof.name, M.fabric_from_profile(prof, args.rate)))
+    stack = getattr(args, "stack", None)
+    if stack is not None:
+        if args.kind != "moe":
+            raise UsageError("--stack applies to --kind moe only")
+        stack = moe_stacks.get_stack(stack).name  # one line naming the known stacks
+        fabrics = [(f"{name}, stack {stack}", moe_stacks.with_stack(fab, stack)) for name, fab in fabrics]
     shape = _moe_shape(args)
     skew_of = _skew_of(args, shape, worlds)
     cases = _dispatchers(args)
-    console.print(assumptions_text(M.ASSUMPTIONS))
+    console.print(assumptions_text(M.ASSUMPTIONS + (moe_stacks.assumption_lines(stack) if args.kind == "moe" else [])))
     for name, fab in fabrics:
         skipped: list = []
         rows = M.project(args.kind, worlds, fab, sizes_nbytes=sizes, moe_shape=shape, algos=args.algos,

@@ -7,26 +7,42 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from commbench.analyse.model_check import BOUND_RATIO, MEDIAN_BAND, within
+from commbench.analyse.model_check import BOUND_RATIO, CLOSE_RATIO, HELD_SHARE, MEDIAN_BAND, within
 from commbench.core.units import fmt_size
 
 
 def summary_lines(s: dict) -> list[str]:
     lo, hi = MEDIAN_BAND
-    lines = [f"held-out within {BOUND_RATIO}x (time ratio {1 / BOUND_RATIO:.2f}-{BOUND_RATIO}): "
-             f"{s['held_within'][0]} of {s['held_within'][1]}",
+    n, N = s["held_within"]
+    lines = [f"held-out within {BOUND_RATIO}x (time ratio {1 / BOUND_RATIO:.2f}-{BOUND_RATIO}): {n} of {N}"
+             + (f" ({100 * n / N:.0f} %; the verdict wants {100 * HELD_SHARE:.0f} %)" if N else ""),
+             f"held-out within {CLOSE_RATIO}x: {s['held_close'][0]} of {s['held_close'][1]}",
              f"all rows (fit included) within {BOUND_RATIO}x: {s['all_within'][0]} of {s['all_within'][1]}"]
     for g, m in s["medians"].items():
         lines.append(f"median ratio, {g} (held-out): {m:.2f}  "
                      + ("within" if s["medians_ok"][g] else "OUTSIDE") + f" {lo}-{hi}")
     if not s["held_within"][1]:  # every row set a rate or term: nothing was left to test the model
         lines[0] = "held-out: none (every row is use = \"fit\": it set a rate or term of the model)"
+        del lines[1]  # no held-out row to count within 1.25x
         lines.append("verdict: nothing to judge: no figure is held out, so the table cannot test the model "
                      "(add rows with use = \"held-out\")")
         return lines
-    lines.append("verdict: " + ("the model agrees with every held-out figure" if s["ok"] else
+    agrees = ("the model agrees with every held-out figure" if n == N else
+              f"the model agrees with the held-out figures ({n} of {N} within {BOUND_RATIO}x, at least "
+              f"{100 * HELD_SHARE:.0f} %; every median within {lo}-{hi})")
+    lines.append("verdict: " + (agrees if s["ok"] else
                                 "the model misses: see the rows and medians above")
                  + " (ratio = projected / published time; below 1 the model is too fast)")
+    return lines
+
+
+def class_lines(classes: dict) -> list[str]:
+    """One line a class (group x fabric: model_check.class_summary)."""
+    lines = []
+    for (group, fabric), v in classes.items():
+        held = (f"held-out {v['held']}: within {BOUND_RATIO}x {v['within']}, within {CLOSE_RATIO}x {v['close']}, "
+                f"median {v['median']:.2f}") if v["held"] else "held-out 0"
+        lines.append(f"class {group} / {fabric}: fit {v['fit']}, {held}")
     return lines
 
 
@@ -39,6 +55,8 @@ def against_table(checked: list[dict], source, plain: bool) -> Table:
         t.add_column(c, justify="right" if c in ("world", "size", "published", "projected", "ratio") else "left")
     for c in checked:
         size = fmt_size(c["nbytes"]) if "nbytes" in c else f"{c['tokens']} tok {c['stage']}"
+        if c["kind"] not in ("all_reduce", "moe"):
+            size += f" {c['kind']}"
         mark = "" if within(c["ratio"]) else " !"
         t.add_row(c["id"], c["use"], c["profile"], str(c["world"]), size, c["measure"], f"{c['published']:.4g}",
                   f"{c['projected']:.4g}", f"{c['ratio']:.2f}{mark}", str(c["algorithm_modelled"]), c["bound"])
@@ -68,7 +86,18 @@ def fabric_title(name: str, rate: str, fab) -> str:
     up, out = fab.scaleup, fab.scaleout
     return (f"{name} ({rate} rates): scale-up {up.bandwidth_gbps:.4g} GB/s/dir alpha {up.alpha_us:.3g} us, "
             f"G={fab.domain_gpus or 'one host'}" + (f"; scale-out {out.bandwidth_gbps:.4g} GB/s/dir alpha "
-                                                    f"{out.alpha_us:.3g} us" if out else "; no scale-out tier"))
+                                                    f"{out.alpha_us:.3g} us" if out else "; no scale-out tier")
+            + _nccl_terms(fab.terms))
+
+
+def _nccl_terms(t) -> str:
+    """A NCCL fabric's latency terms (docs/model.md#latency-and-protocols), '' for alpha-beta."""
+    if t.gpu_arch is None:
+        return ""
+    return (f"; collectives at NCCL's {t.gpu_arch} latencies, network +{t.net_latency_us:.3g} us a step"
+            + (f" (+{t.net_simple_latency_us:.3g} more for Simple)" if t.net_simple_latency_us is not None else "")
+            + (f", protocols {'/'.join(t.net_protocols)} across" if t.net_protocols else "")
+            + (f", NIC ramp {t.net_ramp_nbytes_per_gpu / (1 << 20):.3g} MiB a GPU" if t.net_ramp_nbytes_per_gpu else ""))
 
 
 def projection_table(kind: str, title: str, rows: list[dict], plain: bool) -> Table:

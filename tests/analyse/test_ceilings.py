@@ -82,8 +82,19 @@ TABLE = {
 }
 
 
+# H100 nodes on other scale-out fabrics (docs/model.md): their NVLink tier is h100-hgx's.
+FABRIC_PROFILES = {"h100-p5-efa", "h100-a3mega-tcpxo", "h100-roce"}
+
+
 def test_list_profiles():
-    assert set(C.list_profiles()) == set(TABLE) | {"loopback"}
+    assert set(C.list_profiles()) == set(TABLE) | FABRIC_PROFILES | {"loopback"}
+
+
+@pytest.mark.parametrize("name", sorted(FABRIC_PROFILES))
+def test_fabric_profiles_keep_h100_nvlink_and_name_their_nic(name):
+    p, h100 = C.load_profile(name), C.load_profile("h100-hgx")
+    assert p.scaleup_line_gbps == h100.scaleup_line_gbps and p.scaleup_domain_gpus == 8, name
+    assert p.scaleout_line_gbps and p.notes and p.description
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from commbench.analyse import collectives as co
 from commbench.analyse import model as md
 from commbench.analyse import model_check as mc
 from commbench.analyse.profiles import list_profiles, load_profile, parse_profile_text
@@ -26,17 +27,40 @@ HGX = md.Fabric(md.Tier("scaleup", 0.0, 370.0), md.Tier("scaleout", 0.0, 48.0), 
 
 # ------------------------------------------------------------------ the shipped table
 
-def test_every_held_out_figure_in_the_shipped_table_is_within_1_5x():
+def test_the_held_out_figures_of_the_shipped_table_pass_the_verdict():
     checked = mc.check(mc.load_table(mc.default_table()))
     held = [c for c in checked if c["use"] == "held-out"]
-    assert len(held) >= 30
+    assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    assert not missed, missed
+    assert len(missed) <= 0.1 * len(held), missed  # issue 38: at least 90 % within 1.5x
+    # the one known miss: a 32 MiB all_to_all on 32 EFA nodes (the model has no mid-size all_to_all term)
+    # and the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
+    # ranks of a GB200 rack (half its 16-rank rate), UCCL-EP's combine on p5en at EP16/24 (3-5x its dispatch)
+    moe_misses = {"deepep-v1-gb200-24r-combine", "uccl-ep-p5en-ep16-combine", "uccl-ep-p5en-ep24-combine"}
+    assert {m[0] for m in missed} <= {"h100-32x8-p5-cg-a2a-32M"} | moe_misses, missed
     s = mc.summary(checked)
-    assert set(s["medians"]) == set(mc.GROUPS)  # every group has held-out rows
+    assert set(s["medians"]) == set(mc.GROUPS) - {"all_gather-multi", "reduce_scatter-multi"}
     for g, m in s["medians"].items():
-        assert 0.85 <= m <= 1.15, (g, m)
+        assert 0.8 <= m <= 1.25, (g, m)
     assert s["ok"]
+    classes = mc.class_summary(checked)
+    for fabric in ("NVLink", "InfiniBand", "EFA"):  # every fabric with rows has held-out rows
+        assert any(k[1] == fabric and v["held"] for k, v in classes.items()), fabric
+    for (group, fabric), v in classes.items():
+        if v["held"]:
+            assert 0.8 <= v["median"] <= 1.25, (group, fabric, v)
+
+
+def test_a_source_of_the_fabric_rows_is_on_one_side():
+    # issue 38: every figure of a source is fit or held out, never both (the rows of the fabric
+    # section at the end of the table, wherever else their sources appear)
+    text = mc.default_table().read_text()
+    section = text[text.index("collectives across fabrics (issue 38)"):]
+    rows = mc.load_table(mc.default_table())
+    mine = {r["source"] for r in rows if f'id = "{r["id"]}"' in section}
+    assert len(mine) >= 6
+    sides = {src: {r["use"] for r in rows if r["source"] == src} for src in mine}
+    assert {k: v for k, v in sides.items() if len(v) > 1} == {}
 
 
 def test_the_figures_the_model_was_first_held_to_stay_in_the_table():
@@ -95,6 +119,13 @@ def test_group_limited_routing_matches_a_simulation_of_deepeps_test():
 
 # ------------------------------------------------------------------ all_reduce as NCCL runs it
 
+def test_collective_busbw_factors_are_nccl_tests_own():
+    # all_gather / reduce_scatter / all_to_all: busbw = algbw x (n-1)/n
+    for kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        r = {"kind": kind, "measure": "busbw_GBps", "world": 16, "nbytes": GiB, "published": 100}
+        assert mc.published_time_us(r) == pytest.approx(GiB * 15 / 16 / 100e3)
+
+
 def test_rings_across_nodes_run_rail_parallel():
     # 2 nodes x 8: the ring crosses at min(370, 8 x 48 = 384): NVLink decides, not one NIC
     d = md.all_reduce_detail("ring", 16, GiB, HGX)
@@ -118,24 +149,50 @@ def test_nvls_runs_at_the_in_switch_rate_with_a_ramp_and_no_gain_at_4_gpus_or_fe
     assert md.all_reduce_time_us("inswitch", 8, GiB, ramp) == pytest.approx((GiB + 8 * (3 << 20)) / (A * 1e3))
 
 
-def test_nvlstree_overlaps_its_phases_and_halves_the_network_above_two_domains():
+def test_nvlstree_overlaps_its_phases_and_doubles_the_network_above_two_domains():
     S = 8 * GiB
     A = 480 * 8 / 14
     two = md.all_reduce_detail("inswitch", 16, S, HGX)
     assert two["nccl"] == "NVLSTree"
-    # NCCL tuning.cc: the network at 5/6 of bwInter, halved above two nodes
-    assert two["time_us"] == pytest.approx(max(S / (A * 1e3), 1.2 * S / (8 * 48e3)))  # not the sum
+    # NCCL tuning.cc:320: NVLSTree's network runs at twice bwInter on two nodes: S on a domain's NICs
+    assert two["time_us"] == pytest.approx(max(S / (A * 1e3), S / (8 * 48e3)))  # not the sum
     four = md.all_reduce_detail("inswitch", 32, S, HGX)
-    assert four["time_us"] == pytest.approx(max(S / (A * 1e3), 2.4 * S / (8 * 48e3)))
+    assert four["time_us"] == pytest.approx(max(S / (A * 1e3), 2 * S / (8 * 48e3)))
     assert four["bound"] == "NIC-bound"
-    # which is why NCCL runs a ring at large sizes above two nodes (NVIDIA/nccl#1221: 4 nodes,
-    # the same busbw with NVLS on or off)
-    assert md.nccl_pick(32, S, HGX)["nccl"] == "Ring"
+    # above two nodes a ring does as well (NVIDIA/nccl#1221: 4 nodes, the same busbw with NVLS on or off)
+    ring = md.all_reduce_detail("ring", 32, S, HGX)
+    assert ring["time_us"] == pytest.approx(four["time_us"], rel=0.01)
+
+
+def test_nvlstree_on_2x8_b200_runs_the_nic_near_its_rate():
+    b200 = md.fabric_from_profile(load_profile("b200-hgx"))
+    d = md.nccl_pick(16, 8 * GiB, b200)
+    busbw = 2 * 15 / 16 * 8 * GiB / (d["time_us"] * 1e3)
+    assert d["nccl"] == "NVLSTree" and d["bound"] == "NIC-bound"
+    assert 0.9 * 8 * 48 < busbw < 2 * 8 * 48  # coreweave/nccl-tests#92: 690 busbw, 8 NICs of 48
+
+
+def test_tree_across_two_and_three_domains_beats_the_per_gpu_nic_rate():
+    # 4 NICs for 8 GPUs (R_net = 192): the double binary tree sends the reduce up and the broadcast
+    # down each link in opposite directions, S a domain's NICs each way on two domains, 1.5 S on three
+    four_nics = md.Fabric(HGX.scaleup, HGX.scaleout, 8, terms=md.Terms(rails=4))
+    S = 8 * GiB
+    for p, lo, hi in ((16, 1.2, 1.9), (24, 1.1, 1.6)):
+        t = md.all_reduce_detail("tree", p, S, four_nics)["time_us"]
+        busbw = 2 * (p - 1) / p * S / (t * 1e3)
+        assert lo * 192 < busbw < hi * 192, (p, busbw)
+    t4 = md.all_reduce_detail("tree", 32, S, four_nics)["time_us"]
+    assert 2 * 31 / 32 * S / (t4 * 1e3) < 192  # from four domains on, 2 S: below the NIC rate
+    assert [co.tree_net_bytes_factor(n) for n in (2, 3, 4, 64)] == [1.0, 1.5, 2.0, 2.0]
 
 
 def test_nccl_pick_names_the_algorithm_and_why():
     pick = md.nccl_pick(16, 8 * GiB, HGX)
     assert pick["nccl"] == "NVLSTree" and "fastest" in pick["why"] and "Ring" in pick["why"]
+    h100 = md.fabric_from_profile(load_profile("h100-hgx"))
+    pick = md.nccl_pick(16, 8 * GiB, h100)
+    assert pick["proto"] == "Simple" and "NVLSTree Simple fastest" in pick["why"]
+    assert md.nccl_pick(16, 8, h100)["proto"] == "LL"  # tiny: LL's low latency wins
     a100 = md.fabric_from_profile(load_profile("a100-hgx"))
     pick = md.nccl_pick(8, GiB, a100)
     assert pick["nccl"] in ("Ring", "Tree") and "NVLS not offered: no in-switch rate" in pick["why"]
@@ -182,7 +239,8 @@ def test_model_against_prints_every_row_and_the_summary():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     n = len(mc.load_table(mc.default_table()))
-    assert f"all rows (fit included) within 1.5x: {n} of {n}" in out
+    assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
+    assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
     assert "median ratio, moe-low-latency (held-out)" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
 

@@ -203,7 +203,7 @@ algorithm = "nccl-default"
 world = {world}
 nbytes = 1048576
 measure = "busbw_GBps"
-published = 100
+published = 75
 """
     one = tmp_path / "one.toml"
     one.write_text(row.format(use="held-out", world=1))
