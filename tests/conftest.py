@@ -188,11 +188,34 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    from slow_cases import KEPT_NODE_IDS, SLOW_NODE_IDS
+
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]
         if any(getattr(d.func, "_starts_processes", False) for d in defs):
             item.add_marker(pytest.mark.multirank)
+        if item.nodeid in SLOW_NODE_IDS:
+            item.add_marker(pytest.mark.slow)
+    # Checked before -m and -k deselect (they run after this hook), where files were named whole.
+    if not any("::" in str(a) for a in config.args):
+        _check_slow_cases(items, SLOW_NODE_IDS, KEPT_NODE_IDS)
+
+
+def _check_slow_cases(items, slow_ids, kept_ids) -> None:
+    """tests/slow_cases.py names tests by node id: a renamed test would silently stay in
+    `make test` (or its kept form silently leave it). In every file collected, each listed id
+    must be there, and each kept form there and not slow."""
+    by_file: dict[str, set] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], set()).add(item.nodeid)
+    for nodeid in sorted(slow_ids | kept_ids):
+        seen = by_file.get(nodeid.split("::")[0])
+        if seen is not None and nodeid not in seen:
+            raise pytest.UsageError(f"tests/slow_cases.py names {nodeid}, which is not collected: rename it there")
+    for item in items:
+        if item.nodeid in kept_ids and item.get_closest_marker("slow"):
+            raise pytest.UsageError(f"tests/slow_cases.py keeps {item.nodeid} in `make test`, but it is slow")
 
 
 @pytest.hookimpl(wrapper=True)
