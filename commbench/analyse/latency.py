@@ -57,7 +57,8 @@ ASSUMPTIONS = [
     "net_ramp_MiB_per_gpu (EFA: the first 16 MiB a GPU's NIC sends at half rate, fitted on its sweep at "
     "128 MiB); the fabric line above each table prints them",
     "fabric profiles: h100-hgx and the other HGX / NVL72 profiles on InfiniBand; h100-roce (400G RoCE at 40 "
-    "GB/s, network terms estimates); h100-p5-efa (AWS EFA, fitted as above); h100-a3mega-tcpxo (GCP TCPXO, "
+    "GB/s, network terms estimates); h100-p5-efa (AWS EFA, fitted as above); b200-p6-efa (AWS EFA v4: "
+    "b200-hgx's NVLink, h100-p5-efa's network terms, estimates); h100-a3mega-tcpxo (GCP TCPXO, "
     "fitted as above); gb300-nvl72 from sources (NVLink 5 ring 695 / NVLS 845 GB/s busbw on 8 x B300, "
     "NVIDIA/nccl#2140; ConnectX-8 at 96 GB/s, NVIDIA/aicr#1413) with its 72-GPU NVLS rate, ramp, rails and "
     "MoE terms carried from GB200 (estimates)",

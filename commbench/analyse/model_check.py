@@ -9,6 +9,7 @@ rests on the `held-out` rows only.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import tomllib
@@ -20,17 +21,18 @@ from commbench.core.user_files import read_user_text
 from commbench.moe import accounting
 from commbench.moe.shape import DEEPSEEK_V3
 
+from . import latency as L
 from . import model as M
 from . import moe_stacks as MS
 from .profiles import load_profile
 
 BOUND_RATIO = 1.5  # a held-out row is "within" when 1/1.5 .. 1.5 of its published time
 HELD_SHARE = 0.9  # the verdict: at least 90 % of the held-out rows within BOUND_RATIO (issue 38)
-MEDIAN_BAND = (0.8, 1.25)  # and each group's held-out median ratio in this band
+MEDIAN_BAND = (0.8, 1.25)  # and each class's (and MoE stack's) held-out median ratio in this band
 CLOSE_RATIO = 1.25  # the summary also counts rows within 1/1.25 .. 1.25
 NVL_PEERS = 8  # DeepEP's NVLink domain (NUM_MAX_NVL_PEERS): a node of its internode kernels
-GROUPS = ("moe-normal", "moe-low-latency", "all_reduce-intra", "all_reduce-multi", "all_gather-multi",
-          "reduce_scatter-multi", "all_to_all-intra", "all_to_all-multi")
+GROUPS = ("moe-normal", "moe-low-latency", "all_reduce-intra", "all_reduce-multi", "all_gather-intra",
+          "all_gather-multi", "reduce_scatter-intra", "reduce_scatter-multi", "all_to_all-intra", "all_to_all-multi")
 USES = ("fit", "held-out")
 MEASURES = ("busbw_GBps", "time_us", "deepep_nvl_GBps", "deepep_rdma_GBps")
 ALGORITHMS = {"all_reduce": ("nccl-default", "ring", "tree", "nvls"),
@@ -53,7 +55,10 @@ MOE_DEFAULTS = {"hidden": DEEPSEEK_V3.hidden, "experts": DEEPSEEK_V3.experts, "t
                 "groups": DEEPSEEK_V3.max_groups}
 _REQUIRED = ("id", "group", "use", "source", "hardware", "profile", "kind", "algorithm", "world", "measure",
              "published")
-_OPTIONAL = ("note", "nbytes", "tokens", "stage", "stack", "dtype", *MOE_DEFAULTS)
+_OPTIONAL = ("note", "nbytes", "tokens", "stage", "stack", "dtype", "domain_gpus", "fabric", "protocols", *MOE_DEFAULTS)
+# The classes the verdict judges (issue 38): collective x tier x fabric, and each MoE kernel stack.
+# Inside one domain the fabric is NVLink; across domains the scale-out network's.
+SCALEOUT_FABRICS = ("InfiniBand", "RoCE", "EFA", "TCPXO")
 
 
 def default_table() -> Path:
@@ -90,7 +95,7 @@ def load_table(path) -> list[dict]:
         if r["algorithm"] not in ALGORITHMS[r["kind"]]:
             raise UsageError(f"{where}: algorithm {r['algorithm']!r}; for {r['kind']} choose one of "
                              f"{', '.join(ALGORITHMS[r['kind']])}")
-        for k in ("world", "nbytes", "tokens", *MOE_DEFAULTS):
+        for k in ("world", "nbytes", "tokens", "domain_gpus", *MOE_DEFAULTS):
             if k in r and (isinstance(r[k], bool) or not isinstance(r[k], int) or r[k] < 1):
                 raise UsageError(f"{where}: {k} must be a positive integer, got {r[k]!r}")
         v = r["published"]
@@ -110,7 +115,25 @@ def load_table(path) -> list[dict]:
         if r["measure"] not in _KIND_MEASURES[r["kind"]]:
             raise UsageError(f"{where}: measure {r['measure']} does not fit a {r['kind']} row")
         _check_moe_keys(r, where)
+        _check_placement_keys(r, where)
     return rows
+
+
+def _check_placement_keys(r: dict, where: str) -> None:
+    """domain_gpus (the ranks a scale-up domain held in the run, where it placed fewer than the
+    profile's domain: 2 x 4 GB300 across node pools) and fabric (the scale-out network the run
+    crossed, where the profile's own name does not say it)."""
+    g = r.get("domain_gpus")
+    if g is not None and (r["world"] % g or g >= r["world"]):
+        raise UsageError(f"{where}: domain_gpus = {g} must divide world {r['world']} and be below it "
+                         "(a row inside one domain needs no domain_gpus)")
+    if "fabric" in r and r["fabric"] not in SCALEOUT_FABRICS:
+        raise UsageError(f"{where}: fabric = {r['fabric']!r}; choose one of {', '.join(SCALEOUT_FABRICS)}")
+    if "protocols" in r:
+        got = str(r["protocols"]).split(",")
+        if r["kind"] == "moe" or not got or any(x not in L.PROTOCOLS for x in got):
+            raise UsageError(f"{where}: protocols = {r['protocols']!r}: the NCCL protocols the run enabled "
+                             f"(NCCL_PROTO), a comma list of {', '.join(L.PROTOCOLS)}, on a collective row")
 
 
 def _check_moe_keys(r: dict, where: str) -> None:
@@ -191,6 +214,11 @@ def project_row(r: dict, fabrics: dict) -> dict:
     if name not in fabrics:
         fabrics[name] = M.fabric_from_profile(load_profile(name))
     fab = fabrics[name]
+    if "domain_gpus" in r:  # the run's own placement: fewer ranks a domain than the profile's
+        fab = dataclasses.replace(fab, domain_gpus=r["domain_gpus"])
+    if "protocols" in r:  # the run set NCCL_PROTO: NCCL runs those protocols across domains, not the fabric's
+        fab = dataclasses.replace(fab, terms=dataclasses.replace(
+            fab.terms, net_protocols=tuple(str(r["protocols"]).split(","))))
     if r["kind"] == "all_reduce":
         if r["algorithm"] == "nccl-default":
             d = M.nccl_pick(r["world"], r["nbytes"], fab)
@@ -237,28 +265,41 @@ def close(ratio: float) -> bool:
     return 1 / CLOSE_RATIO <= ratio <= CLOSE_RATIO
 
 
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
 def summary(checked: list[dict]) -> dict:
     """held_within (n, N), held_close (n within 1.25x, N), all_within (n, N), medians {group:
-    held-out median ratio}, medians_ok {group: bool}, ok (at least HELD_SHARE of the held-out rows
-    within the bound and every median in band, and at least one row held out: a table whose rows
-    all set the model tests nothing)."""
+    held-out median ratio} (printed, not judged), classes (class_summary), class_misses (every
+    class that fails: its median outside MEDIAN_BAND, or no held-out row), absent (classes of the
+    grid no row covers), ok (at least HELD_SHARE of the held-out rows within the bound, every
+    class's held-out median in band, no class without held-out rows, and at least one row held
+    out: a table whose rows all set the model tests nothing)."""
     held = [c for c in checked if c["use"] == "held-out"]
     medians = {g: statistics.median(c["ratio"] for c in held if c["group"] == g)
                for g in GROUPS if any(c["group"] == g for c in held)}
-    medians_ok = {g: MEDIAN_BAND[0] <= m <= MEDIAN_BAND[1] for g, m in medians.items()}
+    classes = class_summary(checked)
+    misses = {k: ("no held-out row" if v["median"] is None else f"median {v['median']:.2f}")
+              for k, v in classes.items()
+              if v["median"] is None or not MEDIAN_BAND[0] <= v["median"] <= MEDIAN_BAND[1]}
     held_n = sum(within(c["ratio"]) for c in held)
     return {"held_within": (held_n, len(held)), "held_close": (sum(close(c["ratio"]) for c in held), len(held)),
             "all_within": (sum(within(c["ratio"]) for c in checked), len(checked)),
-            "medians": medians, "medians_ok": medians_ok,
-            "ok": bool(held) and held_n >= HELD_SHARE * len(held) and all(medians_ok.values())}
+            "medians": medians, "classes": classes, "class_misses": misses, "absent": absent_classes(classes),
+            "ok": bool(held) and held_n >= HELD_SHARE * len(held) and not misses}
 
 
 def fabric_of(r: dict) -> str:
-    """A row's fabric class: NVLink inside one domain, else its profile's scale-out fabric."""
+    """A row's fabric: NVLink inside one domain (the row's domain_gpus, else its profile's), else
+    the row's fabric key, else its profile's scale-out fabric (EFA, TCPXO and RoCE by the
+    profile's link or name, InfiniBand otherwise)."""
     prof = load_profile(r["profile"])
-    G = M.ranks_per_domain(r["world"], prof.scaleup_domain_gpus)
+    G = M.ranks_per_domain(r["world"], r.get("domain_gpus", prof.scaleup_domain_gpus))
     if G >= r["world"]:
         return "NVLink"
+    if "fabric" in r:
+        return r["fabric"]
     link = (prof.scaleout_link or "").lower()
     for key, name in (("efa", "EFA"), ("tcpxo", "TCPXO"), ("roce", "RoCE")):
         if key in link or key in prof.name:
@@ -266,40 +307,43 @@ def fabric_of(r: dict) -> str:
     return "InfiniBand"
 
 
+def class_of(r: dict) -> tuple[str, str]:
+    """A row's class (issue 38): (group, fabric) for a collective (all_gather-multi, RoCE), ("moe",
+    the kernel stack) for a MoE row ("profile terms" for one without a stack)."""
+    if r["kind"] == "moe":
+        return "moe", (MS.get_stack(r["stack"]).name if "stack" in r else "profile terms")
+    return r["group"], fabric_of(r)
+
+
+def class_grid() -> list[tuple[str, str]]:
+    """Every class a complete table would cover: each collective group inside a domain on NVLink,
+    across domains on each scale-out fabric, and each MoE kernel stack."""
+    out = [(g, "NVLink") if g.endswith("-intra") else (g, f) for g in GROUPS if not g.startswith("moe")
+           for f in ((None,) if g.endswith("-intra") else SCALEOUT_FABRICS)]
+    return [k for k in out if k[1] is not None] + [("moe", n) for n in MS.load_stacks()]
+
+
+def absent_classes(classes: dict) -> list[tuple[str, str]]:
+    return [k for k in class_grid() if k not in classes]
+
+
 def class_summary(checked: list[dict]) -> dict:
-    """Per class (group x fabric, docs/model.md): fit rows, held-out rows, how many within 1.5x
-    and 1.25x, and the held-out median ratio (None without held-out rows)."""
+    """Per class (class_of; docs/model.md): fit rows, held-out rows, how many within 1.5x and
+    1.25x, and the held-out median ratio (None without held-out rows)."""
     out: dict = {}
     for c in checked:
-        d = out.setdefault((c["group"], fabric_of(c)), {"fit": 0, "held": []})
+        d = out.setdefault(class_of(c), {"fit": 0, "held": []})
         if c["use"] == "held-out":
             d["held"].append(c["ratio"])
         else:
             d["fit"] += 1
     return {k: {"fit": v["fit"], "held": len(v["held"]), "within": sum(within(x) for x in v["held"]),
-                "close": sum(close(x) for x in v["held"]),
-                "median": statistics.median(v["held"]) if v["held"] else None} for k, v in sorted(out.items())}
+                "close": sum(close(x) for x in v["held"]), "median": _median(v["held"])}
+            for k, v in sorted(out.items())}
 
 
 def stack_summary(checked: list[dict]) -> dict:
-    """Per MoE kernel stack (rows without one: "profile terms"): held-out rows, how many within
-    1.5x and within 1.25x, and their median ratio (None without held-out rows)."""
-    out: dict = {}
-    for c in checked:
-        if c["kind"] != "moe":
-            continue
-        name = MS.get_stack(c["stack"]).name if "stack" in c else "profile terms"
-        d = out.setdefault(name, {"held": [], "fit": 0})
-        if c["use"] == "held-out":
-            d["held"].append(c["ratio"])
-        else:
-            d["fit"] += 1
-    return {k: {"fit": v["fit"], "held": len(v["held"]), "within_1_5": sum(within(x) for x in v["held"]),
-                "within_1_25": sum(1 / 1.25 <= x <= 1.25 for x in v["held"]),
-                "median": statistics.median(v["held"]) if v["held"] else None} for k, v in out.items()}
-
-
-def stack_summary_lines(checked: list[dict]) -> list[str]:
-    return [f"MoE stack {k}: held-out {v['held']} (fit {v['fit']}), within 1.5x {v['within_1_5']}, within 1.25x "
-            f"{v['within_1_25']}" + (f", median ratio {v['median']:.2f}" if v["median"] is not None else "")
-            for k, v in stack_summary(checked).items()]
+    """Per MoE kernel stack (the classes ("moe", stack) of class_summary): held-out rows, how many
+    within 1.5x and within 1.25x, and their median ratio (None without held-out rows)."""
+    return {k[1]: {"fit": v["fit"], "held": v["held"], "within_1_5": v["within"], "within_1_25": v["close"],
+                   "median": v["median"]} for k, v in class_summary(checked).items() if k[0] == "moe"}

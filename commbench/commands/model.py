@@ -9,7 +9,7 @@ from commbench.analyse import ceilings, moe_stacks
 from commbench.analyse import model as M
 from commbench.analyse import model_skew as MS
 from commbench.analyse.analysis import fit_table
-from commbench.analyse.model_check import check, class_summary, default_table, load_table, stack_summary_lines, summary
+from commbench.analyse.model_check import check, default_table, load_table, summary
 from commbench.benchmarks import registry
 from commbench.core.errors import UsageError
 from commbench.core.units import parse_sizes_arg, sweep_sizes
@@ -40,9 +40,10 @@ def cmd_against(path, console, plain: bool) -> int:
     source = path or default_table()
     checked = check(load_table(source))
     console.print(against_table(checked, source, plain))
-    for line in summary_lines(summary(checked)) + class_lines(class_summary(checked)) + stack_summary_lines(checked):
+    s = summary(checked)
+    for line in summary_lines(s) + class_lines(s["classes"]):
         console.print(line)
-    return 0 if summary(checked)["ok"] else 1
+    return 0 if s["ok"] else 1
 
 
 def model_command(args, profiles_of) -> int:

@@ -11,7 +11,13 @@ from commbench.analyse.model_check import BOUND_RATIO, CLOSE_RATIO, HELD_SHARE, 
 from commbench.core.units import fmt_size
 
 
+def _class_name(k: tuple[str, str]) -> str:
+    return f"MoE stack {k[1]}" if k[0] == "moe" else f"{k[0]} / {k[1]}"
+
+
 def summary_lines(s: dict) -> list[str]:
+    """The counts, the per-group medians (not judged), and the verdict: the share of held-out rows
+    within BOUND_RATIO and every class's median (model_check.summary), each failing class named."""
     lo, hi = MEDIAN_BAND
     n, N = s["held_within"]
     lines = [f"held-out within {BOUND_RATIO}x (time ratio {1 / BOUND_RATIO:.2f}-{BOUND_RATIO}): {n} of {N}"
@@ -19,30 +25,41 @@ def summary_lines(s: dict) -> list[str]:
              f"held-out within {CLOSE_RATIO}x: {s['held_close'][0]} of {s['held_close'][1]}",
              f"all rows (fit included) within {BOUND_RATIO}x: {s['all_within'][0]} of {s['all_within'][1]}"]
     for g, m in s["medians"].items():
-        lines.append(f"median ratio, {g} (held-out): {m:.2f}  "
-                     + ("within" if s["medians_ok"][g] else "OUTSIDE") + f" {lo}-{hi}")
+        lines.append(f"median ratio, {g} (held-out, all fabrics; the verdict judges each class): {m:.2f}")
     if not s["held_within"][1]:  # every row set a rate or term: nothing was left to test the model
         lines[0] = "held-out: none (every row is use = \"fit\": it set a rate or term of the model)"
         del lines[1]  # no held-out row to count within 1.25x
         lines.append("verdict: nothing to judge: no figure is held out, so the table cannot test the model "
                      "(add rows with use = \"held-out\")")
         return lines
-    agrees = ("the model agrees with every held-out figure" if n == N else
-              f"the model agrees with the held-out figures ({n} of {N} within {BOUND_RATIO}x, at least "
-              f"{100 * HELD_SHARE:.0f} %; every median within {lo}-{hi})")
-    lines.append("verdict: " + (agrees if s["ok"] else
-                                "the model misses: see the rows and medians above")
-                 + " (ratio = projected / published time; below 1 the model is too fast)")
+    judged = len(s["classes"])
+    if s["ok"]:
+        verdict = (f"the model agrees with the held-out figures ({n} of {N} within {BOUND_RATIO}x, at least "
+                   f"{100 * HELD_SHARE:.0f} %; each of the {judged} classes has held-out rows and its median "
+                   f"within {lo}-{hi})")
+    else:
+        why = [f"{100 * n / N:.0f} % within {BOUND_RATIO}x, under {100 * HELD_SHARE:.0f} %"] if n < HELD_SHARE * N else []
+        why += [f"{_class_name(k)}: {m}" for k, m in s["class_misses"].items()]
+        verdict = "the model misses: " + "; ".join(why)
+    lines.append("verdict: " + verdict + " (ratio = projected / published time; below 1 the model is too fast)")
+    if s["absent"]:
+        lines.append("classes with no published figure in this table (not judged): "
+                     + ", ".join(_class_name(k) for k in s["absent"]))
     return lines
 
 
 def class_lines(classes: dict) -> list[str]:
-    """One line a class (group x fabric: model_check.class_summary)."""
+    """One line a class (collective x tier x fabric, or a MoE stack: model_check.class_summary)."""
+    lo, hi = MEDIAN_BAND
     lines = []
-    for (group, fabric), v in classes.items():
-        held = (f"held-out {v['held']}: within {BOUND_RATIO}x {v['within']}, within {CLOSE_RATIO}x {v['close']}, "
-                f"median {v['median']:.2f}") if v["held"] else "held-out 0"
-        lines.append(f"class {group} / {fabric}: fit {v['fit']}, {held}")
+    for k, v in classes.items():
+        if v["held"]:
+            ok = "within" if lo <= v["median"] <= hi else "OUTSIDE"
+            held = (f"held-out {v['held']}: within {BOUND_RATIO}x {v['within']}, within {CLOSE_RATIO}x {v['close']}, "
+                    f"median {v['median']:.2f} {ok} {lo}-{hi}")
+        else:
+            held = "held-out 0: NO HELD-OUT ROW (the verdict fails it)"
+        lines.append(f"class {_class_name(k)}: fit {v['fit']}, {held}")
     return lines
 
 

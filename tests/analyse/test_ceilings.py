@@ -82,18 +82,20 @@ TABLE = {
 }
 
 
-# H100 nodes on other scale-out fabrics (docs/model.md): their NVLink tier is h100-hgx's.
-FABRIC_PROFILES = {"h100-p5-efa", "h100-a3mega-tcpxo", "h100-roce"}
+# HGX nodes on other scale-out fabrics (docs/model.md): their NVLink tier is their HGX board's.
+FABRIC_PROFILES = {"h100-p5-efa": "h100-hgx", "h100-a3mega-tcpxo": "h100-hgx", "h100-roce": "h100-hgx",
+                   "b200-p6-efa": "b200-hgx"}
 
 
 def test_list_profiles():
-    assert set(C.list_profiles()) == set(TABLE) | FABRIC_PROFILES | {"loopback"}
+    assert set(C.list_profiles()) == set(TABLE) | set(FABRIC_PROFILES) | {"loopback"}
 
 
 @pytest.mark.parametrize("name", sorted(FABRIC_PROFILES))
-def test_fabric_profiles_keep_h100_nvlink_and_name_their_nic(name):
-    p, h100 = C.load_profile(name), C.load_profile("h100-hgx")
-    assert p.scaleup_line_gbps == h100.scaleup_line_gbps and p.scaleup_domain_gpus == 8, name
+def test_fabric_profiles_keep_their_boards_nvlink_and_name_their_nic(name):
+    p, board = C.load_profile(name), C.load_profile(FABRIC_PROFILES[name])
+    assert p.scaleup_line_gbps == board.scaleup_line_gbps and p.scaleup_domain_gpus == 8, name
+    assert p.scaleup_achieved_gbps == board.scaleup_achieved_gbps and p.gpu_arch == board.gpu_arch, name
     assert p.scaleout_line_gbps and p.notes and p.description
 
 

@@ -37,18 +37,24 @@ def test_the_held_out_figures_of_the_shipped_table_pass_the_verdict():
     # and the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
     # ranks of a GB200 rack (half its 16-rank rate), UCCL-EP's combine on p5en at EP16/24 (3-5x its dispatch)
     moe_misses = {"deepep-v1-gb200-24r-combine", "uccl-ep-p5en-ep16-combine", "uccl-ep-p5en-ep24-combine"}
-    assert {m[0] for m in missed} <= {"h100-32x8-p5-cg-a2a-32M"} | moe_misses, missed
+    # GCP's A4X Max over RoCE below 16 MiB: a network latency NCCL's InfiniBand tables (the profile's 0 us)
+    # do not carry, and the sweep's own dip at 16 MiB (docs/model.md#what-the-table-says)
+    roce_misses = {"gb300-2x4-a4xmax-roce-ag-4K", "gb300-2x4-a4xmax-roce-ag-1M", "gb300-2x4-a4xmax-roce-ag-16M"}
+    # Azure NDm A100 v4 (NCCL 2.17.1): a 1 KiB all_to_all across 2 nodes, one GPU a node below its NIC rate
+    ib_misses = {"a100-ndmv4-2x8-a2a-1K", "a100-ndmv4-2x1-ag-1G", "a100-ndmv4-2x1-a2a-1G"}
+    assert {m[0] for m in missed} <= {"h100-32x8-p5-cg-a2a-32M"} | moe_misses | roce_misses | ib_misses, missed
     s = mc.summary(checked)
-    assert set(s["medians"]) == set(mc.GROUPS) - {"all_gather-multi", "reduce_scatter-multi"}
-    for g, m in s["medians"].items():
-        assert 0.8 <= m <= 1.25, (g, m)
-    assert s["ok"]
-    classes = mc.class_summary(checked)
-    for fabric in ("NVLink", "InfiniBand", "EFA"):  # every fabric with rows has held-out rows
-        assert any(k[1] == fabric and v["held"] for k, v in classes.items()), fabric
-    for (group, fabric), v in classes.items():
-        if v["held"]:
-            assert 0.8 <= v["median"] <= 1.25, (group, fabric, v)
+    assert set(s["medians"]) == set(mc.GROUPS) - {"reduce_scatter-intra", "reduce_scatter-multi"}
+    # the verdict judges classes and fails two, each explained in docs/model.md#what-the-table-says: all_gather
+    # across InfiniBand (NDm A100 v4's 1 KiB rows ~10 us over NCCL's tables, one GPU a node at 0.66 of its
+    # NIC) and all_reduce across GCP's TCPXO (its only public all_reduce sweep set the profile's terms)
+    assert set(s["class_misses"]) == {("all_gather-multi", "InfiniBand"), ("all_reduce-multi", "TCPXO")}
+    assert s["class_misses"][("all_reduce-multi", "TCPXO")] == "no held-out row" and not s["ok"]
+    for k, v in s["classes"].items():
+        if v["held"] and k not in s["class_misses"]:
+            assert 0.8 <= v["median"] <= 1.25, (k, v)
+    for fabric in ("NVLink", "InfiniBand", "RoCE", "EFA", "TCPXO"):  # every fabric has held-out rows
+        assert any(k[1] == fabric and v["held"] for k, v in s["classes"].items()), fabric
 
 
 def test_a_source_of_the_fabric_rows_is_on_one_side():
@@ -236,12 +242,14 @@ def test_profile_model_terms_are_read_and_checked():
 @pytest.mark.multirank
 def test_model_against_prints_every_row_and_the_summary():
     r = run_cli("model", "--against")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # two classes fail, each explained (docs/model.md#what-the-table-says)
     out = r.stdout
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "median ratio, moe-low-latency (held-out)" in out and "NVLSTree" in out and "NIC-bound" in out
+    assert "verdict: the model misses: all_gather-multi / InfiniBand: median 0.72; all_reduce-multi / TCPXO: no " \
+        "held-out row" in out
+    assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
 
 

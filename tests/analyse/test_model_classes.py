@@ -1,0 +1,222 @@
+"""The what-if model class by class (issue 38; docs/model.md#what-the-table-says): the verdict
+of `commbench model --against` judges each class (collective x tier x fabric, and each MoE
+kernel stack) and names every class without a held-out row; the shipped table covers the
+classes it claims; and one direction-and-size check a class."""
+import dataclasses
+
+import pytest
+
+from commbench.analyse import latency as L
+from commbench.analyse import model as md
+from commbench.analyse import model_check as mc
+from commbench.analyse.profiles import load_profile
+from commbench.core.errors import UsageError
+from commbench.report.model_view import class_lines, summary_lines
+
+GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+
+
+def fab(name):
+    return md.fabric_from_profile(load_profile(name))
+
+
+@pytest.fixture(scope="module")
+def table():
+    rows = mc.load_table(mc.default_table())
+    return rows, mc.check(rows)
+
+
+def _row(i, group="all_reduce-multi", use="held-out", profile="h100-hgx", world=16, **kw):
+    return {"id": f"r{i}", "group": group, "use": use, "source": "https://example.org", "hardware": "x",
+            "profile": profile, "kind": group.split("-")[0], "algorithm": "nccl-default", "world": world,
+            "measure": "busbw_GBps", "published": 1.0, "nbytes": GiB, **kw}
+
+
+# ------------------------------------------------------------------ the verdict judges classes
+
+def _checked(ratios_by_row):
+    return [{**r, "ratio": x} for r, x in ratios_by_row]
+
+
+def test_a_class_outside_the_band_fails_the_verdict_though_the_rows_are_within_1_5x():
+    # 10 held-out rows all within 1.5x; the EFA class's median 1.3 is outside 0.8-1.25
+    rows = [(_row(i), 1.0) for i in range(6)] + [(_row(10 + i, profile="h100-p5-efa"), 1.3) for i in range(4)]
+    s = mc.summary(_checked(rows))
+    assert s["held_within"] == (10, 10)
+    assert s["class_misses"] == {("all_reduce-multi", "EFA"): "median 1.30"} and not s["ok"]
+    text = "\n".join(summary_lines(s) + class_lines(s["classes"]))
+    assert "verdict: the model misses: all_reduce-multi / EFA: median 1.30" in text
+    assert "class all_reduce-multi / EFA: fit 0, held-out 4" in text and "OUTSIDE" in text
+
+
+def test_a_class_with_fit_rows_only_is_named_and_fails():
+    rows = [(_row(i), 1.0) for i in range(5)] + [(_row(9, use="fit", profile="h100-a3mega-tcpxo"), 1.0)]
+    s = mc.summary(_checked(rows))
+    assert s["class_misses"] == {("all_reduce-multi", "TCPXO"): "no held-out row"} and not s["ok"]
+    assert "all_reduce-multi / TCPXO: no held-out row" in summary_lines(s)[-2]
+    assert any("NO HELD-OUT ROW" in x for x in class_lines(s["classes"]))
+
+
+def test_every_class_in_band_passes_and_the_absent_ones_are_listed():
+    rows = [(_row(i), 1.1) for i in range(4)] + [(_row(5, group="all_reduce-intra", world=8), 0.9)]
+    s = mc.summary(_checked(rows))
+    assert s["ok"] and s["class_misses"] == {}
+    assert ("all_gather-multi", "TCPXO") in s["absent"] and ("all_reduce-multi", "InfiniBand") not in s["absent"]
+    assert ("moe", "deepep") in s["absent"]  # each MoE kernel stack is a class
+    lines = summary_lines(s)
+    assert lines[-2].startswith("verdict: the model agrees") and "each of the 2 classes" in lines[-2]
+    assert lines[-1].startswith("classes with no published figure in this table (not judged):")
+
+
+def test_the_90_percent_rule_still_holds_beside_the_classes():
+    rows = [(_row(i), 1.0) for i in range(8)] + [(_row(20 + i), 2.0) for i in range(2)]  # 80 % within 1.5x
+    s = mc.summary(_checked(rows))
+    assert s["class_misses"] == {} and not s["ok"]
+    assert "80 % within 1.5x, under 90 %" in summary_lines(s)[-2]
+
+
+def test_moe_rows_are_classed_by_their_kernel_stack(table):
+    rows, _ = table
+    r = next(r for r in rows if r["kind"] == "moe" and r["stack"] == "deepep-ll")
+    assert mc.class_of(r) == ("moe", "deepep-ll")
+    assert mc.class_of(next(r for r in rows if r["id"] == "h100-4x8-roce")) == ("all_reduce-multi", "RoCE")
+
+
+# ------------------------------------------------------------------ the shipped table covers its classes
+
+def test_every_class_the_table_has_holds_out_at_least_half_but_tcpxo_all_reduce(table):
+    _, checked = table
+    classes = mc.class_summary(checked)
+    short = {k: v for k, v in classes.items() if v["held"] < v["fit"]}
+    assert set(short) == {("all_reduce-multi", "TCPXO")}, short
+    # the classes issue 38 names: all_gather across nodes on two fabrics, all_reduce on all four
+    for k in [("all_gather-multi", "RoCE"), ("all_gather-multi", "TCPXO"), ("all_gather-multi", "InfiniBand"),
+              ("all_reduce-multi", "RoCE"), ("all_reduce-multi", "EFA"), ("all_reduce-multi", "InfiniBand"),
+              ("all_to_all-multi", "EFA"), ("all_to_all-multi", "InfiniBand"), ("all_gather-intra", "NVLink")]:
+        assert classes[k]["held"] >= 2, k
+
+
+def test_small_messages_across_domains_are_held_out_on_three_fabrics(table):
+    rows, _ = table
+    small = {mc.fabric_of(r) for r in rows
+             if r["use"] == "held-out" and r.get("nbytes", 1 << 40) <= 64 * KiB and mc.fabric_of(r) != "NVLink"}
+    assert {"InfiniBand", "RoCE", "EFA"} <= small, small
+    ag = {mc.fabric_of(r) for r in rows if r["use"] == "held-out" and r["group"] == "all_gather-multi"}
+    assert {"InfiniBand", "RoCE", "TCPXO"} <= ag, ag
+
+
+def test_a_source_is_on_one_side_for_every_row_added_across_fabrics(table):
+    rows, _ = table
+    mine = [r for r in rows if r["group"] in ("all_gather-multi", "reduce_scatter-multi")
+            or mc.fabric_of(r) in ("RoCE", "TCPXO") or r["profile"] == "b200-p6-efa"]
+    sides = {}
+    for r in mine:
+        sides.setdefault(r["source"], set()).add(r["use"])
+    assert len(sides) >= 6 and {k: v for k, v in sides.items() if len(v) > 1} == {}
+
+
+# ------------------------------------------------------------------ row keys: placement, fabric, protocols
+
+def test_domain_gpus_places_the_run_and_fabric_names_its_network(table):
+    rows, checked = table
+    r = next(r for r in rows if r["id"] == "gb300-2x4-roce-ar-peak")
+    assert r["domain_gpus"] == 4 and mc.fabric_of(r) == "RoCE"
+    c = next(c for c in checked if c["id"] == r["id"])
+    # a ring across two domains of 4 carries the traffic on 4 NICs: 4 x 96 GB/s, not NVLink's 695
+    assert c["bound"] == "NIC-bound" and c["projected"] == pytest.approx(4 * 96, rel=0.02)
+    assert mc.fabric_of({**r, "domain_gpus": None, "world": 8}) == "NVLink"  # the profile's 72: one rack
+
+
+def test_protocols_is_the_runs_nccl_proto():
+    tcpxo = fab("h100-a3mega-tcpxo")
+    r = _row(1, group="all_gather-multi", profile="h100-a3mega-tcpxo", nbytes=16 * MiB)
+    plain = mc.project_row(r, {})
+    ll128 = mc.project_row({**r, "protocols": "LL128,Simple"}, {})
+    assert tcpxo.terms.net_protocols == ("LL", "Simple") and plain["algorithm"] == "Ring LL"
+    assert ll128["algorithm"] == "Ring LL128" and ll128["time_us"] < plain["time_us"] / 2
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"domain_gpus": 5}, "must divide world"),
+    ({"domain_gpus": 16}, "must divide world"),
+    ({"fabric": "Slingshot"}, "choose one of InfiniBand, RoCE, EFA, TCPXO"),
+    ({"protocols": "LL256"}, "NCCL protocols the run enabled"),
+])
+def test_bad_placement_keys_are_one_line_errors(tmp_path, extra, needle):
+    f = tmp_path / "t.toml"
+    f.write_text("[[figure]]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in _row(1, **extra).items()))
+    with pytest.raises(UsageError, match=needle):
+        mc.load_table(f)
+
+
+# ------------------------------------------------------------------ one direction-and-size check a class
+
+def test_all_reduce_inside_a_domain_nvls_beats_the_ring_at_the_published_rate():
+    h100 = fab("h100-hgx")
+    nvls, ring = (md.all_reduce_detail(a, 8, 4 * GiB, h100) for a in ("inswitch", "ring"))
+    busbw = lambda d: 4 * GiB * 2 * 7 / 8 / (d["time_us"] * 1e3)  # noqa: E731
+    assert nvls["time_us"] < ring["time_us"]
+    assert 0.8 * 480 < busbw(nvls) < 1.25 * 480 and 0.8 * 370 < busbw(ring) < 1.25 * 370  # NVIDIA/nccl#1455
+
+
+def test_all_reduce_across_infiniband_runs_nvlstree_near_the_nvlink_rate_on_two_nodes():
+    d = md.nccl_pick(16, 8 * GiB, fab("h100-hgx"))
+    busbw = 8 * GiB * 2 * 15 / 16 / (d["time_us"] * 1e3)
+    assert d["nccl"] == "NVLSTree" and 350 < busbw < 520  # CoreWeave 2 x 8 H100: 441
+
+
+def test_all_reduce_across_roce_is_slower_than_infiniband_by_its_nic_rate():
+    roce, ib = (md.nccl_pick(32, 8 * GiB, fab(n)) for n in ("h100-roce", "h100-hgx"))
+    assert roce["time_us"] > ib["time_us"]
+    busbw = 8 * GiB * 2 * 31 / 32 / (roce["time_us"] * 1e3)
+    assert 0.8 * 320 < busbw < 1.25 * 320  # NVIDIA/nccl#1221: 320 on 4 x 8 H100 over RoCE
+
+
+def test_efa_8_bytes_is_slower_than_infiniband_8_bytes_and_near_the_published_times():
+    efa, ib = (md.nccl_pick(16, 8, fab(n))["time_us"] for n in ("h100-p5-efa", "h100-hgx"))
+    assert efa > 2 * ib
+    p6 = md.nccl_pick(16, 8, fab("b200-p6-efa"))["time_us"]
+    assert 50.58 / 1.5 < p6 < 50.58 * 1.5  # dstack PR 3961: 2 x p6-b200, 50.58 us
+
+
+def test_tcpxo_8_bytes_is_slower_than_efa_8_bytes():
+    tcpxo, efa = (md.nccl_pick(16, 8, fab(n))["time_us"] for n in ("h100-a3mega-tcpxo", "h100-p5-efa"))
+    assert tcpxo > efa and 135.8 / 1.5 < tcpxo < 135.8 * 1.5  # the ztan 2 x a3-mega sweep's 8 B
+
+
+def test_all_gather_across_2x8_no_slower_than_all_reduce_on_every_fabric():
+    for n in ("h100-hgx", "h100-roce", "h100-p5-efa", "h100-a3mega-tcpxo"):
+        f = fab(n)
+        for S in (MiB, 64 * MiB, GiB):
+            assert md.all_gather_detail(16, S, f)["time_us"] <= md.nccl_pick(16, S, f)["time_us"] * 1.001, (n, S)
+
+
+def test_all_gather_across_roce_is_nic_bound_at_the_nic_rate():
+    f = dataclasses.replace(fab("gb300-nvl72"), domain_gpus=4)
+    d = md.all_gather_detail(8, 8 * GiB, f)
+    busbw = 8 * GiB * 7 / 8 / (d["time_us"] * 1e3)
+    assert d["bound"] == "NIC-bound" and 0.8 * 357.7 < busbw <= 4 * 96  # GCP A4X Max: 357.7 at 8 GiB
+
+
+def test_reduce_scatter_across_nodes_costs_what_all_gather_does_plus_its_reduction():
+    f = fab("h100-hgx")
+    for S in (8 * KiB, 256 * MiB):
+        assert md.reduce_scatter_detail(16, S, f)["time_us"] == pytest.approx(md.all_gather_detail(16, S, f)["time_us"])
+    g = dataclasses.replace(f, gamma_us_per_byte=1e-6)
+    assert md.reduce_scatter_detail(16, GiB, g)["time_us"] > md.all_gather_detail(16, GiB, g)["time_us"]
+
+
+def test_all_to_all_across_nodes_is_nic_bound_and_slower_than_inside_one():
+    f = fab("h100-p5-efa")
+    inside, across = md.all_to_all_detail(8, GiB, f), md.all_to_all_detail(16, GiB, f)
+    assert across["bound"] == "NIC-bound" and across["time_us"] > 3 * inside["time_us"]
+
+
+def test_nvlstree_4_bytes_on_2x8_hopper_is_what_ncclS_tuner_charges():
+    # tuning.cc (master 5067397c): baseLat 0 (:153) + hwLat NVLink 25 (:161) + 2 log2(2) x hwLat net 20.9
+    # (:173) = 66.8 us (:427-428); the published 47.5 us (NVIDIA/nccl#1244, H20) is 1.41x under it: the
+    # model stays NCCL's and the check is the one the figure supports, within 1.5x of it
+    d = md.all_reduce_detail("inswitch", 16, 4, fab("h100-hgx"))
+    assert d["latency_us"] == pytest.approx(L.HW_LAT_NVLINK_US["nvls_tree"][2] + 2 * L.HW_LAT_NET_US["nvls_tree"][2])
+    assert d["latency_us"] == pytest.approx(66.8)
+    assert 47.54 / 1.5 < d["time_us"] < 47.54 * 1.5
