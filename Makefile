@@ -184,10 +184,10 @@ test-fast: install
 	$(PY) -m pytest -q -n $(FAST_JOBS) -m "not multirank and not slow and not serial" $(ARGS) || [ $$? -eq 5 ]
 
 # What `make test` leaves out (the `slow` marker): the long forms of cases it runs in a short
-# form, and the long end-to-end cases tests/slow_cases.py lists, each with why. About 20
-# minutes on 2 cores.
+# form, and the long end-to-end cases tests/slow_cases.py lists, each with why. About 8
+# minutes on 2 cores (74 tests, December 2026).
 test-slow: install
-	$(PY) -m pytest -q -m slow $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m slow $(ARGS) || [ $$? -eq 5 ]
 
 # Two hosts on this machine (network namespaces, root only; tools/twohosts.py): 2 and 4 ranks
 # across them on mpi and gloo, checks on, each run's hosts and nodes; then the alpha-beta fit
