@@ -261,7 +261,7 @@ def _sweep(rng, pts, runs, sigma, scale):
     return [list(np.exp(rng.normal(0, sigma, pts)) * scale) for _ in range(runs)]
 
 
-# 200 sweeps (about 2 minutes on 2 cores) under `make test-slow`; 20 in `make test`, where the
+# 200 sweeps (about 35 s on 2 cores) under `make test-slow`; 20 in `make test`, where the
 # binomial slack of the false-alarm bounds is wider by the same rule.
 @pytest.mark.parametrize("sweeps", [20, pytest.param(200, marks=pytest.mark.slow)])
 def test_family_wise_false_alarms_and_power_for_a_20pct_slowdown_at_3_runs_a_side(sweeps):

@@ -235,6 +235,7 @@ def measure_fake(comm, mode="single", polls=0, progress="none", buckets=4, gemm=
 
 # --- the core against the fakes --------------------------------------------------------------
 
+@pytest.mark.serial  # fake durations measured with the clock (15 % of 20 ms: a wake-up late under load)
 def test_fully_overlapped():
     row, ok = measure_fake(FakeComm("async"))
     assert ok
@@ -246,6 +247,7 @@ def test_fully_overlapped():
     assert row["time_us_p50"] == row["t_overall_us"]
 
 
+@pytest.mark.serial  # fake durations measured with the clock (15 % of 20 ms: a wake-up late under load)
 def test_fully_serialised():
     row, ok = measure_fake(FakeComm("wait_only"))
     assert ok
@@ -254,6 +256,7 @@ def test_fully_serialised():
     assert row["exposed_us"] == pytest.approx(D * 1e6, rel=0.15)
 
 
+@pytest.mark.serial  # fake durations measured with the clock (15 % of 20 ms: a wake-up late under load)
 def test_half_overlapped():
     # comm 20 ms, compute 10 ms, fully async: overall 20, OSU = 100 - 100 (20 - 10) / 20 = 50,
     # IMB = (20 + 10 - 20) / 20 = 50.
@@ -296,6 +299,7 @@ def test_sequence_last_bucket_is_exposed():
     assert row["overlap_osu_pct"] == pytest.approx(75, abs=TOL)
 
 
+@pytest.mark.serial  # fake durations measured with the clock (15 % of 20 ms: a wake-up late under load)
 def test_calibration_matches_compute_to_comm():
     # compute time grows as n^3: 20 ms at n = 200; the calibration must find n ~ 200 from 64.
     row, _ = measure_fake(FakeComm("async"), gemm=0, compute_s=lambda n: C * (n / 200) ** 3, iters=5)
@@ -405,6 +409,7 @@ def test_check_catches_a_wrong_all_reduce():
     assert not ok
 
 
+@pytest.mark.serial  # fake durations measured with the clock (15 % of 20 ms: a wake-up late under load)
 def test_bandwidth_is_the_pure_all_reduce():
     row, _ = measure_fake(FakeComm("async"), nbytes=1 << 20)
     assert row["algbw_gbps"] == pytest.approx((1 << 20) / (row["t_comm_bucket_us"] * 1e-6) / 1e9, rel=1e-6)
