@@ -438,7 +438,7 @@ def run_steps(steps, chk: Check | None = None) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", help="result directory (default results/gpu-check-<stamp>)")
     ap.add_argument("--only", help="comma-separated steps to run (default all): " + ", ".join(STEP_LIMIT_S))
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole check (default {BUDGET_S:g})")
