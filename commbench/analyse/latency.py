@@ -50,7 +50,8 @@ ASSUMPTIONS = [
     "llMaxBw; LL128 at 0.92 (ring) or 7/9 in one domain, 120/128 across (tree); Simple at the full rate; "
     "NVLS and NVLSTree run Simple only; the fastest protocol is the one NCCL runs",
     "the fabric's network terms are its profile's: net_latency_us (0 on InfiniBand and RoCE, whose NIC and "
-    "verbs NCCL's tables were tuned on; 22 us on AWS EFA, fitted on the 2 x p5 sweep of "
+    "verbs NCCL's tables were tuned on; published 2 x 8 InfiniBand runs take 10-21 us more than those tables "
+    "at 8 B-1 KiB, held out and not fitted, docs/model.md#what-the-table-says; 22 us on AWS EFA, fitted on the 2 x p5 sweep of "
     "aws-samples/awsome-distributed-training; 49 us on GCP TCPXO, with 332 us more on Simple's steps "
     "(net_simple_latency_us), fitted on the 2 x a3-mega sweep of lessizzmore/create-a3mega-ztan-fork), "
     "net_protocols (EFA: LL and Simple, aws/aws-ofi-nccl#76; TCPXO: the same, from its sweep) and "

@@ -42,7 +42,13 @@ def test_the_held_out_figures_of_the_shipped_table_pass_the_verdict():
     roce_misses = {"gb300-2x4-a4xmax-roce-ag-4K", "gb300-2x4-a4xmax-roce-ag-1M", "gb300-2x4-a4xmax-roce-ag-16M"}
     # Azure NDm A100 v4 (NCCL 2.17.1): a 1 KiB all_to_all across 2 nodes, one GPU a node below its NIC rate
     ib_misses = {"a100-ndmv4-2x8-a2a-1K", "a100-ndmv4-2x1-ag-1G", "a100-ndmv4-2x1-a2a-1G"}
-    assert {m[0] for m in missed} <= {"h100-32x8-p5-cg-a2a-32M"} | moe_misses | roce_misses | ib_misses, missed
+    # dstack's 2 x 8 all_reduce sweeps (Nebius H100, Lambda B200 over InfiniBand, GCP A4 B200 over RoCE):
+    # below 128 MiB across two nodes measured times run over NCCL's tuner latencies and the model's LL128 /
+    # NVLSTree rates (docs/model.md#what-the-table-says); held out, kept
+    two_node_mid = {"h100-2x8-nebius-ib-ar-8B", "h100-2x8-nebius-ib-ar-1M", "b200-2x8-lambda-ib-ar-1M",
+                    "b200-2x8-lambda-ib-ar-16M", "b200-2x8-gcp-a4-roce-ar-16M", "b200-2x8-gcp-a4-roce-ar-128M"}
+    known = {"h100-32x8-p5-cg-a2a-32M"} | moe_misses | roce_misses | ib_misses | two_node_mid
+    assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
     assert set(s["medians"]) == set(mc.GROUPS) - {"reduce_scatter-intra", "reduce_scatter-multi"}
     # the verdict judges classes and fails two, each explained in docs/model.md#what-the-table-says: all_gather
