@@ -133,11 +133,13 @@ def _tree(p: int, S: float, fabric: Fabric, proto) -> dict:
     up = fabric.scaleup
     out = []
     for pr in _protocols("tree", fabric, proto, N):
-        nvl = 2 * S / (_rate("tree", pr, TREE_BW_FACTOR * up.bandwidth_gbps, N, fabric) * 1e3)
+        # NCCL's mid-size share of the tree's rate (tuning.cc:640-642); 1 off NCCL
+        c = 1.0 if pr is None else L.tree_correction("tree", pr, S, fabric.terms.gpu_arch, fabric.terms.host_cpu)
+        nvl = 2 * S / (_rate("tree", pr, TREE_BW_FACTOR * up.bandwidth_gbps, N, fabric) * c * 1e3)
         nic = 0.0
         if N > 1:
             R_net = _net_gbps(G, fabric, "tree all_reduce")
-            rate = _rate("tree", pr, TREE_BW_FACTOR * R_net, N, fabric)
+            rate = _rate("tree", pr, TREE_BW_FACTOR * R_net, N, fabric) * c
             k = tree_net_bytes_factor(N)
             nic = k * S / (rate * 1e3) + net_ramp_us(k * S, _nics(G, fabric), rate, fabric)
         if pr is None:
@@ -162,15 +164,18 @@ def _nvls(p: int, S: float, fabric: Fabric, proto) -> dict:
     G = _domain(p, fabric)
     N = p // G
     up = fabric.scaleup
-    A = Tier("inswitch", up.alpha_us, fabric.terms.inswitch_algbw_gbps)
-    nvl = _xfer_us(S, A) + nvls_ramp_us(S, G, fabric)
+    pr = _protocols("nvls", fabric, proto, N)[0]
+    # NVLSTree's mid-size share on Blackwell x86 hosts (tuning.cc:643-646); 1 for NVLS and off NCCL
+    c = 1.0 if pr is None or N == 1 else L.tree_correction("nvls_tree", pr, S, fabric.terms.gpu_arch,
+                                                             fabric.terms.host_cpu)
+    A = Tier("inswitch", up.alpha_us, fabric.terms.inswitch_algbw_gbps * c)
+    nvl = _xfer_us(S, A) + nvls_ramp_us(S, G, fabric) / c
     nic = 0.0
     if N > 1:
         out = _scaleout(fabric, "NVLSTree all_reduce")
-        k, R_net = nvlstree_net_bytes_factor(N), _net_gbps(G, fabric, "NVLSTree")
+        k, R_net = nvlstree_net_bytes_factor(N), _net_gbps(G, fabric, "NVLSTree") * c
         nic = k * S / (R_net * 1e3) + net_ramp_us(k * S, _nics(G, fabric), R_net, fabric)
     name = "NVLS" if N == 1 else "NVLSTree"
-    pr = _protocols("nvls", fabric, proto, N)[0]
     if pr is None:
         lat = up.alpha_us if N == 1 else 2 * up.alpha_us + 2 * _lg(N) * out.alpha_us
     else:

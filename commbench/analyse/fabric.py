@@ -33,7 +33,8 @@ class Terms:
     moe_ll_fixed_us: the launch / notify cost of a low-latency kernel, paid once.
     gpu_arch: ampere, hopper or blackwell where the fabric runs NCCL (a GPU profile): its
     collectives then take NCCL's tuner latencies and protocols (latency.py); None: plain
-    alpha-beta (loopback, fabric_from_rates). net_latency_us: the fabric's own latency a
+    alpha-beta (loopback, fabric_from_rates). host_cpu: x86 or arm (Grace), which NCCL's
+    tuner tells apart for NVLSTree's mid sizes on Blackwell. net_latency_us: the fabric's own latency a
     network step adds to NCCL's (InfiniBand-tuned) tables, as NCCL adds its network plugin's.
     net_protocols: the protocols NCCL runs across domains on this fabric (None: LL, LL128 and
     Simple, as on InfiniBand). net_ramp_nbytes_per_gpu: the network's bandwidth ramp, the
@@ -47,6 +48,7 @@ class Terms:
     moe_nvl_falloff: float = 1.0
     moe_ll_fixed_us: float = 0.0
     gpu_arch: str | None = None
+    host_cpu: str = "x86"  # NCCL's NVLSTree size correction runs on x86 hosts only (latency.py)
     net_latency_us: float = 0.0
     net_protocols: tuple[str, ...] | None = None  # the protocols NCCL runs across domains (None: all)
     net_ramp_nbytes_per_gpu: float = 0.0
@@ -104,6 +106,7 @@ def fabric_from_profile(prof, rate: str = "achieved") -> Fabric:
                   rails=prof.nic_rails, moe_nic_efficiency=prof.moe_nic_efficiency or 1.0,
                   moe_nvl_efficiency=prof.moe_nvl_efficiency or 1.0, moe_nvl_falloff=prof.moe_nvl_falloff or 1.0,
                   moe_ll_fixed_us=prof.moe_ll_fixed_us or 0.0, gpu_arch=prof.gpu_arch,
+                  host_cpu=prof.host_cpu or "x86",
                   net_latency_us=prof.net_latency_us or 0.0,
                   net_protocols=tuple(prof.net_protocols.split(",")) if prof.net_protocols else None,
                   net_ramp_nbytes_per_gpu=prof.net_ramp_nbytes_per_gpu or 0.0,

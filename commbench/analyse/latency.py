@@ -39,6 +39,17 @@ LL_MAX_BUSBW_TWO_NODES, LL_MAX_BUSBW_MORE_NODES = 39.0, 20.4
 RING_LL, RING_LL128 = 0.5, 0.92
 TREE_ALL_REDUCE, TREE_LL, TREE_LL128_ONE_NODE, TREE_LL128_NODES = 0.92, 1 / 3.8, 7 / 9, 120 / 128
 
+# treeCorrectionFactor[protocol][logSize], logSize = log2i(S >> 6): NCCL's tuner scales the
+# bandwidth of Tree all_reduce below 512 MiB (logSize < 23) by it, and of NVLSTree all_reduce below
+# 1 GiB (logSize < 24) on Blackwell with an x86 host: tuning.cc:623-627 (the table), :640-646 (its use).
+# The mid sizes where a tree's pipeline is not yet full run at these shares of the large-size rate.
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0,
+              1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+
 ASSUMPTIONS = [
     "latency as NCCL's tuner counts it (NVIDIA/nccl src/graph/tuning.cc): a base latency per algorithm and "
     "protocol plus a hardware latency per step over NVLink and over the network (ring: 2(p-1) steps for "
@@ -49,6 +60,9 @@ ASSUMPTIONS = [
     "protocols as NCCL's tuner rates them: LL at 1/2 of the link (ring) or 1/3.8 (tree), capped at NCCL's "
     "llMaxBw; LL128 at 0.92 (ring) or 7/9 in one domain, 120/128 across (tree); Simple at the full rate; "
     "NVLS and NVLSTree run Simple only; the fastest protocol is the one NCCL runs",
+    "mid sizes as NCCL's tuner costs them (tuning.cc:623-646): Tree all_reduce below 512 MiB, and NVLSTree "
+    "below 1 GiB on Blackwell with x86 hosts, at treeCorrectionFactor[protocol][log2(S/64)] of their rate "
+    "(0.4-1.0; 0.5 for Simple at 128 KiB-2 MiB)",
     "the fabric's network terms are its profile's: net_latency_us (0 on InfiniBand and RoCE, whose NIC and "
     "verbs NCCL's tables were tuned on; published 2 x 8 InfiniBand runs take 10-21 us more than those tables "
     "at 8 B-1 KiB, held out and not fitted, docs/model.md#what-the-table-says; 22 us on AWS EFA, fitted on the 2 x p5 sweep of "
@@ -138,3 +152,18 @@ def protocol_rate_gbps(algo: str, proto: str, rate_gbps: float, N: int, arch: st
     if proto == "LL":
         return min(cap, rate_gbps * TREE_LL)
     return rate_gbps * (TREE_LL128_ONE_NODE if N == 1 else TREE_LL128_NODES)
+
+
+def tree_correction(algo: str, proto: str, nbytes: float, arch: str | None, host_cpu: str = "x86") -> float:
+    """The share of its rate NCCL's tuner gives a tree at size S (tuning.cc:640-646): Tree
+    all_reduce at logSize = log2i(S >> 6) < 23, NVLSTree at < 24 on Blackwell with an x86 host;
+    1 elsewhere (and below 64 B, where logSize is negative)."""
+    n = int(nbytes) >> 6
+    if n < 1:
+        return 1.0
+    log_size = log2i(n)
+    if algo == "tree" and log_size < 23:
+        return TREE_CORRECTION[proto][log_size]
+    if algo == "nvls_tree" and log_size < 24 and arch == "blackwell" and host_cpu == "x86":
+        return TREE_CORRECTION[proto][log_size]
+    return 1.0

@@ -65,6 +65,7 @@ class Profile:
     moe_nvl_falloff: float | None = None
     moe_ll_fixed_us: float | None = None
     gpu_arch: str | None = None  # ampere, hopper, blackwell: the fabric runs NCCL (latency.py)
+    host_cpu: str | None = None  # x86 or arm: NCCL's NVLSTree size correction is x86-only (latency.py)
     net_latency_us: float | None = None  # the fabric's latency a network step adds to NCCL's tables
     net_protocols: str | None = None  # comma list of the protocols NCCL runs across domains (None: all)
     net_ramp_nbytes_per_gpu: float | None = None  # bytes a GPU's NIC sends at half rate before its full rate
@@ -127,12 +128,14 @@ _MODEL_KEYS = {"inswitch_gpus": ("int", "inswitch_gpus"),
                "moe_nvl_falloff_per_doubling": ("number", "moe_nvl_falloff"),
                "moe_low_latency_fixed_us": ("number", "moe_ll_fixed_us"),
                "gpu_arch": ("str", "gpu_arch"),
+               "host_cpu": ("str", "host_cpu"),
                "net_latency_us": ("number0", "net_latency_us"),
                "net_protocols": ("str", "net_protocols"),
                "net_ramp_MiB_per_gpu": ("number0", "net_ramp_nbytes_per_gpu"),
                "net_simple_latency_us": ("number0", "net_simple_latency_us"),
                "sources": ("str", "model_sources")}
 GPU_ARCHS = ("ampere", "hopper", "blackwell")  # NCCL's tuner tables by GPU generation (latency.py)
+HOST_CPUS = ("x86", "arm")  # the host CPU NCCL's tuner tells apart (tuning.cc:643-646)
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 # Profile files are every data/*.toml but these (the published figures `model --against` reads).
 _NOT_PROFILES = ("published",)
@@ -248,6 +251,8 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
             raise UsageError(f"{where}: model.{key} = {v} must be at most 1 (a fraction of the achieved rate)")
         if v is not None and key == "gpu_arch" and v not in GPU_ARCHS:
             raise UsageError(f"{where}: model.gpu_arch = {v!r}; choose one of {', '.join(GPU_ARCHS)}")
+        if v is not None and key == "host_cpu" and v not in HOST_CPUS:
+            raise UsageError(f"{where}: model.host_cpu = {v!r}; choose one of {', '.join(HOST_CPUS)}")
         if v is not None and key == "net_protocols":
             names = [x.strip() for x in v.split(",")]
             if not names or any(x not in NCCL_PROTOCOLS for x in names) or "Simple" not in names:
@@ -256,7 +261,7 @@ def _profile_from_doc(doc: dict, where: str) -> Profile:
             v = ",".join(names)
         if v is not None and key in ("inswitch_ramp_MiB_per_gpu", "net_ramp_MiB_per_gpu"):
             v = v * (1 << 20)
-        terms[field] = v if v is not None or kind != "str" or key in ("gpu_arch", "net_protocols") else ""
+        terms[field] = v if v is not None or kind != "str" or key in ("gpu_arch", "host_cpu", "net_protocols") else ""
 
     return profile_from_fields(dict(
         **terms,

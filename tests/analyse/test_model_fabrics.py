@@ -64,6 +64,34 @@ def test_protocol_rates_follow_tuning_cc():
     assert L.protocol_rate_gbps("nvls", "Simple", 274, 1, "hopper") == 274
 
 
+def test_trees_mid_sizes_take_nccls_correction_factor(monkeypatch):
+    # treeCorrectionFactor[proto][log2i(S >> 6)] (tuning.cc:623-627): Tree below 512 MiB (:640-642)
+    assert L.tree_correction("tree", "LL128", MiB, "hopper") == 0.6  # logSize 14
+    assert L.tree_correction("tree", "Simple", 128 * MiB, "hopper") == 0.9  # logSize 21
+    assert L.tree_correction("tree", "Simple", 512 * MiB, "hopper") == 1.0  # logSize 23: none
+    assert L.tree_correction("tree", "LL", 8, "hopper") == 1.0  # under 64 B: none
+    # NVLSTree below 1 GiB on Blackwell with an x86 host only (:643-646)
+    assert L.tree_correction("nvls_tree", "Simple", 128 * MiB, "blackwell") == 0.9
+    assert L.tree_correction("nvls_tree", "Simple", 128 * MiB, "blackwell", "arm") == 1.0
+    assert L.tree_correction("nvls_tree", "Simple", 128 * MiB, "hopper") == 1.0
+    assert L.tree_correction("nvls_tree", "Simple", GiB, "blackwell") == 1.0
+    # in the model: a 1 MiB Tree LL128 all_reduce across 2 x 8 H100 moves its bytes at 0.6 of the rate
+    f = fab("h100-hgx")
+    d = co.all_reduce_detail("tree", 16, MiB, f, "LL128")
+    monkeypatch.setattr(L, "tree_correction", lambda *a, **k: 1.0)
+    plain = co.all_reduce_detail("tree", 16, MiB, f, "LL128")
+    monkeypatch.undo()
+    assert d["latency_us"] == plain["latency_us"]
+    assert d["time_us"] - d["latency_us"] == pytest.approx((plain["time_us"] - plain["latency_us"]) / 0.6)
+    # B200 hosts are x86, GB200 / GB300 racks Grace: the same NVLSTree size costs more on the first
+    b200, gb200 = fab("b200-hgx"), fab("gb200-nvl72")
+    assert (b200.terms.host_cpu, gb200.terms.host_cpu) == ("x86", "arm")
+    on_x86 = co.all_reduce_detail("inswitch", 16, 128 * MiB, b200)
+    on_arm = co.all_reduce_detail("inswitch", 16, 128 * MiB, dataclasses.replace(
+        b200, terms=dataclasses.replace(b200.terms, host_cpu="arm")))
+    assert on_x86["nccl"] == "NVLSTree" and on_x86["time_us"] > on_arm["time_us"] * 1.05
+
+
 def test_nccl_picks_ll_small_and_simple_large():
     h100 = fab("h100-hgx")
     assert md.nccl_pick(16, 8, h100)["proto"] == "LL"
@@ -208,6 +236,7 @@ def test_fabric_profiles_load_with_their_sources():
 
 @pytest.mark.parametrize("line,match", [
     ('gpu_arch = "volta"', "gpu_arch"),
+    ('host_cpu = "power"', "host_cpu"),
     ('net_protocols = "LL,LL128"', "Simple"),
     ('net_latency_us = -1.0', "net_latency_us"),
 ])

@@ -32,9 +32,9 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    # 22 of 198 out of 1.5x (89 %): the verdict's 90 % fails on the five rows of one run, OCI's 128-rank
+    # 20 of 198 out of 1.5x (89.8 %): the verdict's 90 % fails on the five rows of one run, OCI's 128-rank
     # all_to_all across two GB300 racks (a quarter of the time the model gives, at every size)
-    assert len(missed) <= 0.12 * len(held), missed
+    assert len(missed) <= 0.11 * len(held), missed
     # the one known miss: a 32 MiB all_to_all on 32 EFA nodes (the model has no mid-size all_to_all term)
     # and the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
     # ranks of a GB200 rack (half its 16-rank rate), UCCL-EP's combine on p5en at EP16/24 (3-5x its dispatch)
@@ -261,7 +261,7 @@ def test_model_against_prints_every_row_and_the_summary():
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "verdict: the model misses: 89 % within 1.5x, under 90 %; all_gather-multi / InfiniBand: median 0.72; " \
+    assert "verdict: the model misses: 89.8 % within 1.5x, under 90 %; all_gather-multi / InfiniBand: median 0.72; " \
         "all_to_all-multi / RoCE: median 0.24" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
