@@ -38,7 +38,10 @@ class Terms:
     network step adds to NCCL's (InfiniBand-tuned) tables, as NCCL adds its network plugin's.
     net_protocols: the protocols NCCL runs across domains on this fabric (None: LL, LL128 and
     Simple, as on InfiniBand). net_ramp_nbytes_per_gpu: the network's bandwidth ramp, the
-    first bytes a GPU's NIC sends at half its rate (0: none).
+    first bytes a GPU's NIC sends at half its rate (0: none). net_fixed_us: what a collective
+    that crosses domains pays once beyond NCCL's tables (its steps' sum), fitted where a
+    profile's per-step latency is NCCL's own (InfiniBand); 0 where the fitted per-step latency
+    already holds it (EFA, TCPXO).
     """
     inswitch_algbw_gbps: float | None = None
     inswitch_ramp_nbytes_per_gpu: float = 0.0
@@ -53,6 +56,7 @@ class Terms:
     net_protocols: tuple[str, ...] | None = None  # the protocols NCCL runs across domains (None: all)
     net_ramp_nbytes_per_gpu: float = 0.0
     net_simple_latency_us: float | None = None  # Simple's extra a network step (None: net_latency_us again)
+    net_fixed_us: float = 0.0  # once a collective that crosses domains, beyond NCCL's tables (latency.py)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def fabric_from_profile(prof, rate: str = "achieved") -> Fabric:
                   net_latency_us=prof.net_latency_us or 0.0,
                   net_protocols=tuple(prof.net_protocols.split(",")) if prof.net_protocols else None,
                   net_ramp_nbytes_per_gpu=prof.net_ramp_nbytes_per_gpu or 0.0,
-                  net_simple_latency_us=prof.net_simple_latency_us)
+                  net_simple_latency_us=prof.net_simple_latency_us, net_fixed_us=prof.net_fixed_us or 0.0)
     return dataclasses.replace(fab, terms=terms)
 
 

@@ -64,13 +64,15 @@ ASSUMPTIONS = [
     "below 1 GiB on Blackwell with x86 hosts, at treeCorrectionFactor[protocol][log2(S/64)] of their rate "
     "(0.4-1.0; 0.5 for Simple at 128 KiB-2 MiB)",
     "the fabric's network terms are its profile's: net_latency_us (0 on InfiniBand and RoCE, whose NIC and "
-    "verbs NCCL's tables were tuned on; published 2 x 8 InfiniBand runs take 10-21 us more than those tables "
-    "at 8 B-1 KiB, held out and not fitted, docs/model.md#what-the-table-says; 22 us on AWS EFA, fitted on the 2 x p5 sweep of "
+    "verbs NCCL's tables were tuned on; 22 us on AWS EFA, fitted on the 2 x p5 sweep of "
     "aws-samples/awsome-distributed-training; 49 us on GCP TCPXO, with 332 us more on Simple's steps "
     "(net_simple_latency_us), fitted on the 2 x a3-mega sweep of lessizzmore/create-a3mega-ztan-fork), "
     "net_protocols (EFA: LL and Simple, aws/aws-ofi-nccl#76; TCPXO: the same, from its sweep) and "
     "net_ramp_MiB_per_gpu (EFA: the first 16 MiB a GPU's NIC sends at half rate, fitted on its sweep at "
-    "128 MiB); the fabric line above each table prints them",
+    "128 MiB); net_fixed_us (6.7 us on InfiniBand and RoCE, once a Ring, Tree or all_to_all collective "
+    "crosses nodes, not NVLSTree: fitted on ABCI 2.0's 8 B all_reduce on 2-16 nodes of 8 A100 over HDR, "
+    "aistabci/abci2.0benchmark, 6.2-7.4 us over NCCL's tables at every node count; 0 on EFA and TCPXO, "
+    "whose fitted per-step latency holds it); the fabric line above each table prints them",
     "fabric profiles: h100-hgx and the other HGX / NVL72 profiles on InfiniBand; h100-roce (400G RoCE at 40 "
     "GB/s, network terms estimates); h100-p5-efa (AWS EFA, fitted as above); b200-p6-efa (AWS EFA v4: "
     "b200-hgx's NVLink, h100-p5-efa's network terms, estimates); h100-a3mega-tcpxo (GCP TCPXO, "

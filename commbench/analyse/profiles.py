@@ -70,6 +70,7 @@ class Profile:
     net_protocols: str | None = None  # comma list of the protocols NCCL runs across domains (None: all)
     net_ramp_nbytes_per_gpu: float | None = None  # bytes a GPU's NIC sends at half rate before its full rate
     net_simple_latency_us: float | None = None  # Simple's extra a network step (None: net_latency_us again)
+    net_fixed_us: float | None = None  # once a collective that crosses domains, beyond NCCL's tables
     model_sources: str = ""
 
     def scaleup_rates_for(self, nbytes: int) -> tuple[float | None, float | None]:
@@ -133,6 +134,7 @@ _MODEL_KEYS = {"inswitch_gpus": ("int", "inswitch_gpus"),
                "net_protocols": ("str", "net_protocols"),
                "net_ramp_MiB_per_gpu": ("number0", "net_ramp_nbytes_per_gpu"),
                "net_simple_latency_us": ("number0", "net_simple_latency_us"),
+               "net_fixed_us": ("number0", "net_fixed_us"),
                "sources": ("str", "model_sources")}
 GPU_ARCHS = ("ampere", "hopper", "blackwell")  # NCCL's tuner tables by GPU generation (latency.py)
 HOST_CPUS = ("x86", "arm")  # the host CPU NCCL's tuner tells apart (tuning.cc:643-646)

@@ -119,6 +119,7 @@ def _nccl_terms(t) -> str:
         return ""
     return (f"; collectives at NCCL's {t.gpu_arch} latencies, network +{t.net_latency_us:.3g} us a step"
             + (f" (+{t.net_simple_latency_us:.3g} more for Simple)" if t.net_simple_latency_us is not None else "")
+            + (f", +{t.net_fixed_us:.3g} us once across" if t.net_fixed_us else "")
             + (f", protocols {'/'.join(t.net_protocols)} across" if t.net_protocols else "")
             + (f", NIC ramp {t.net_ramp_nbytes_per_gpu / (1 << 20):.3g} MiB a GPU" if t.net_ramp_nbytes_per_gpu else ""))
 

@@ -194,11 +194,31 @@ def test_all_gather_rails_and_alpha_path():
     assert d["bound"] == "NIC-bound" and d["nic_us"] == pytest.approx(15 / 16 * S / 100e3)
 
 
+def test_infiniband_pays_a_fixed_cost_across_nodes_fitted_on_abci():
+    # ABCI 2.0's 8 B all_reduce on 2-16 nodes sits 7.4, 6.8, 6.2 and 6.5 us over NCCL's Tree LL latency
+    # (whose 2 x 5.0 us a doubling of nodes it follows): InfiniBand profiles carry their mean, once a
+    # collective that crosses nodes, for Ring, Tree and all_to_all; not inside one node, not on NVLSTree
+    h100 = fab("h100-hgx")
+    assert h100.terms.net_fixed_us == pytest.approx(6.7)
+    assert fab("h100-p5-efa").terms.net_fixed_us == 0.0  # EFA's fitted per-step latency holds it
+    inside, across = md.nccl_pick(8, 8, h100), md.nccl_pick(16, 8, h100)
+    assert across["nccl"] == "Tree" and across["latency_us"] == pytest.approx(
+        L.nccl_latency_us("tree", "LL", "all_reduce", 16, 8, 2) + 6.7)
+    assert inside["latency_us"] == pytest.approx(L.nccl_latency_us(
+        "ring" if inside["nccl"] == "Ring" else "tree", inside["proto"], "all_reduce", 8, 8, 1))
+    nvlstree = co.all_reduce_detail("inswitch", 16, 4, h100)
+    assert nvlstree["latency_us"] == pytest.approx(L.nccl_latency_us("nvls_tree", "Simple", "all_reduce", 16, 8, 2))
+    a100 = fab("a100-hgx")
+    for nodes, published in ((2, 32.62), (4, 42.03), (8, 51.38), (16, 61.68)):
+        assert md.nccl_pick(8 * nodes, 8, a100)["time_us"] == pytest.approx(published, abs=0.8)
+
+
 def test_all_to_all_latency_overlaps_on_nccl_and_not_on_mpi():
     h100 = fab("h100-hgx")
     lat16 = md.all_to_all_detail(16, 8, h100)["latency_us"]
     lat256 = md.all_to_all_detail(256, 8, h100)["latency_us"]
-    assert lat16 == lat256 == pytest.approx(8.4 + 3.4 + 14.0)  # one step of each tier, every peer at once
+    # one step of each tier, every peer at once, and InfiniBand's fixed cost across nodes (net_fixed_us)
+    assert lat16 == lat256 == pytest.approx(8.4 + 3.4 + 14.0 + h100.terms.net_fixed_us)
     f = md.fabric_from_rates(450.0, 1.0, 8, scaleout_gbps=50.0, scaleout_latency_us=5.0)
     assert md.all_to_all_detail(32, 8, f)["latency_us"] == pytest.approx(24 * 5.0 + 7 * 1.0)  # pairwise, in turn
 
