@@ -118,7 +118,7 @@ model: install
 # docs/model.md): published, projected and their ratio per row, a line per class (collective x
 # tier x fabric, each MoE stack); exits 1 where the verdict fails: under 90 % of the held-out
 # rows within 1.5x, or a class with no held-out row or its median outside 0.8-1.25 (the shipped
-# table fails the 90 % and two classes, each named in docs/model.md "What the table says").
+# table fails the 90 % and three classes, each named in docs/model.md "What the table says").
 model-check: install
 	$(PY) -m commbench model --against $(ARGS)
 
