@@ -32,7 +32,7 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    # 30 of 246 out of 1.5x (87.8 %): the verdict's 90 % fails; every miss is one of these, each in
+    # 31 of 252 out of 1.5x (87.6 %): the verdict's 90 % fails; every miss is one of these, each in
     # docs/model.md#what-the-table-says
     assert len(missed) <= 0.13 * len(held), missed
     # the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
@@ -50,8 +50,9 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     a2a_across = ({f"gb300-oci-2rack-a2a-{x}" for x in ("1M", "16M", "128M", "1G", "8G")}
                   | {f"b200-vultr-2x8-a2a-{x}" for x in ("1M", "16M", "128M", "1G", "8G")}
                   | {"h100-32x8-p5-cg-a2a-32M", "a100-ndmv4-2x8-a2a-1K", "a100-ndmv4-2x1-a2a-1G"})
-    # one GPU a node below its NIC (NDm A100 v4), SuperBench's A100 reduce_scatter at 16 MiB (one process)
-    other = {"a100-ndmv4-2x1-ag-1G", "a100-8gpu-superbench-rs-16M"}
+    # one GPU a node below its NIC (NDm A100 v4), SuperBench's A100 reduce_scatter at 16 MiB (one process),
+    # nccl-tests#309's first size out-of-place (68.5 us; 24.7 in place)
+    other = {"a100-ndmv4-2x1-ag-1G", "a100-8gpu-superbench-rs-16M", "h100-2x8-xe9680-ib-ar-8B"}
     known = moe_misses | mid_across | a2a_across | other
     assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
@@ -261,7 +262,7 @@ def test_model_against_prints_every_row_and_the_summary():
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "verdict: the model misses: 87.8 % within 1.5x, under 90 %; all_to_all-multi / InfiniBand: median " \
+    assert "verdict: the model misses: 87.6 % within 1.5x, under 90 %; all_to_all-multi / InfiniBand: median " \
         "0.65; all_to_all-multi / RoCE: median 0.25; reduce_scatter-multi / InfiniBand: median 0.73" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
