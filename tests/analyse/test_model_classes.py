@@ -245,6 +245,25 @@ def test_tcpxo_all_reduce_with_ll128_on_matches_the_held_out_torch_sweep(table):
     assert all(1 / 1.5 <= c["ratio"] <= 1.5 for c in rows), [(c["id"], c["ratio"]) for c in rows]
 
 
+def test_all_to_all_across_infiniband_runs_each_gpu_at_its_own_nic():
+    # 2 x 8 A100, one HDR NIC a GPU: half of each rank's bytes cross its NIC, so busbw = R x 15/8 at
+    # most (NVIDIA/nccl-tests#130's N/(N-1) rule); Azure NDm A100 v4 measures 37.8 at 1 GiB
+    f = fab("a100-hgx")
+    d = md.all_to_all_detail(16, GiB, f)
+    busbw = GiB * 15 / 16 / (d["time_us"] * 1e3)
+    assert d["bound"] == "NIC-bound" and busbw == pytest.approx(24 * 15 / 8, rel=0.02)
+    assert 37.8 < busbw < 37.8 * 1.25
+
+
+def test_reduce_scatter_across_infiniband_is_nic_bound_at_the_rails():
+    # 2 x 8 B200, 8 NDR NICs a node: the ring across nodes runs at 8 x 48; Vultr's pair measures 307.9
+    # busbw at 8 GiB (its slowest rails at 40 GB/s: 0.80, docs/model.md#what-the-table-says)
+    d = md.reduce_scatter_detail(16, 8 * GiB, fab("b200-hgx"))
+    busbw = 8 * GiB * 15 / 16 / (d["time_us"] * 1e3)
+    assert d["bound"] == "NIC-bound" and 8 * 48 * 0.98 < busbw <= 8 * 48
+    assert 307.9 < busbw < 307.9 * 1.3
+
+
 def test_nvlstree_4_bytes_on_2x8_hopper_is_what_ncclS_tuner_charges():
     # tuning.cc (master 5067397c): baseLat 0 (:153) + hwLat NVLink 25 (:161) + 2 log2(2) x hwLat net 20.9
     # (:173) = 66.8 us (:427-428); the published 47.5 us (NVIDIA/nccl#1244, H20) is 1.41x under it: the
