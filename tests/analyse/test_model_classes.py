@@ -264,6 +264,25 @@ def test_reduce_scatter_across_infiniband_is_nic_bound_at_the_rails():
     assert 307.9 < busbw < 307.9 * 1.3
 
 
+def test_all_gather_across_efa_pays_efas_steps_small_and_runs_near_the_published_rate_large():
+    # 2 x 8 p5 (400 Gb/s EFA a GPU): a small all_gather pays EFA's per-step latency, which InfiniBand's
+    # NICs do not; at 16 GiB the NVIDIA Cluster Readiness Engine report measures 338.6 busbw
+    efa, ib = fab("h100-p5-efa"), fab("h100-hgx")
+    assert md.all_gather_detail(16, KiB, efa)["time_us"] > md.all_gather_detail(16, KiB, ib)["time_us"]
+    d = md.all_gather_detail(16, 16 * GiB, efa)
+    busbw = 16 * GiB * 15 / 16 / (d["time_us"] * 1e3)
+    assert 338.57 < busbw < 338.57 * 1.25 and busbw <= 8 * 50
+
+
+def test_all_to_all_across_tcpxo_is_nic_bound_below_efas():
+    # 2 x 8 a3-mega: 8 x 200 Gb/s a node, half p5's 400 Gb/s EFA a GPU, so all_to_all across the pair
+    # runs at most 2 x 25 x 15/16 busbw and slower than on p5; the Cluster Readiness Engine measures 40.16
+    tcpxo, efa = md.all_to_all_detail(16, 16 * GiB, fab("h100-a3mega-tcpxo")), md.all_to_all_detail(16, 16 * GiB, fab("h100-p5-efa"))
+    assert tcpxo["bound"] == "NIC-bound" and tcpxo["time_us"] > 1.8 * efa["time_us"]
+    busbw = 16 * GiB * 15 / 16 / (tcpxo["time_us"] * 1e3)
+    assert 40.16 < busbw <= 2 * 25 * 15 / 16
+
+
 def test_nvlstree_4_bytes_on_2x8_hopper_is_what_ncclS_tuner_charges():
     # tuning.cc (master 5067397c): baseLat 0 (:153) + hwLat NVLink 25 (:161) + 2 log2(2) x hwLat net 20.9
     # (:173) = 66.8 us (:427-428); the published 47.5 us (NVIDIA/nccl#1244, H20) is 1.41x under it: the
