@@ -78,7 +78,8 @@ ASSUMPTIONS = [
     "b200-hgx's NVLink, h100-p5-efa's network terms, estimates); h100-a3mega-tcpxo (GCP TCPXO, "
     "fitted as above); gb300-nvl72 from sources (NVLink 5 ring 695 / NVLS 845 GB/s busbw on 8 x B300, "
     "NVIDIA/nccl#2140; ConnectX-8 at 96 GB/s, NVIDIA/aicr#1413) with its 72-GPU NVLS rate, ramp, rails and "
-    "MoE terms carried from GB200 (estimates)",
+    "MoE terms carried from GB200 (estimates); b300-hgx (NVLink 5 as measured on 8 x B300, NVIDIA/nccl#2140; "
+    "ConnectX-8 at 96 GB/s as gb300-nvl72; the rest as b200-hgx)",
     "--nic-gbps sets the NIC's line rate; the achieved rate keeps the profile's achieved/line ratio "
     "(400 Gb/s on h100-hgx: 48 GB/s, not 50)",
 ]

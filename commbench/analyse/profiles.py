@@ -474,7 +474,7 @@ def default_profile_name(device: str, gpu_names: list[str]) -> str | None:
     if device == "cpu":
         return "loopback"
     name = (gpu_names or [""])[0].upper()
-    for key, prof in (("GB300", "gb300-nvl72"), ("GB200", "gb200-nvl72"), ("B200", "b200-hgx"), ("B300", "b200-hgx"),
+    for key, prof in (("GB300", "gb300-nvl72"), ("GB200", "gb200-nvl72"), ("B200", "b200-hgx"), ("B300", "b300-hgx"),
                       ("H200", "h200-hgx"), ("H800", "h800-hgx"), ("H100", "h100-hgx"), ("A100", "a100-hgx")):
         if key in name:
             return prof

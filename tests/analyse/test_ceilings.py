@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from commbench.analyse import ceilings as C
+from commbench.analyse.profiles import default_profile_name
 from commbench.core.errors import UsageError
 
 GIB = 1 << 30
@@ -75,6 +76,7 @@ TABLE = {
     "gb300-nvl72": (900, 72, 100, 8.0),
     "gb200-nvl72": (900, 72, 50, 8.0),
     "b200-hgx": (900, 8, 50, 8.0),
+    "b300-hgx": (900, 8, 100, 8.0),  # not in hardware.md: HGX B300 (NVLink 5, ConnectX-8 800G a GPU)
     "h200-hgx": (450, 8, 50, 4.8),
     "h100-hgx": (450, 8, 50, 3.35),
     "h800-hgx": (200, 8, 50, 3.35),
@@ -460,3 +462,12 @@ def test_inswitch_flag_from_a_dataframe_row():
     assert not C.is_inswitch({"inswitch": float("nan"), "variant": "default"})
     assert C.is_inswitch({"inswitch": float("nan"), "variant": "nccl-nvls"})
     assert C.is_inswitch({"inswitch": True, "variant": "symm-mem"})
+
+
+@pytest.mark.parametrize("gpu,profile", [("NVIDIA B300 SXM6 AC", "b300-hgx"), ("NVIDIA GB300", "gb300-nvl72"),
+                                         ("NVIDIA B200", "b200-hgx"), ("NVIDIA H100 80GB HBM3", "h100-hgx"),
+                                         ("Tesla T4", None)])
+def test_the_default_profile_is_the_one_whose_gpu_the_device_names(gpu, profile):
+    # B300 boards carry ConnectX-8 (800 Gb/s a GPU), not B200's 400G NICs; GB300 is matched before B300
+    assert default_profile_name("cuda", [gpu]) == profile
+    assert default_profile_name("cpu", [gpu]) == "loopback"

@@ -237,6 +237,16 @@ def test_all_to_all_across_two_gb300_racks_over_roce_is_nic_bound_and_slower_tha
     assert 47.3 < busbw <= 2 * 96 * 127 / 128 * 1.001
 
 
+def test_all_to_all_across_two_b300_nodes_runs_at_their_800g_nics():
+    # HGX B300 carries ConnectX-8 (800 Gb/s a GPU): across 2 x 8, half of each rank's bytes cross its NIC,
+    # so busbw = 2 x 96 x 15/16, twice B200's 400G pair; Oracle's BM.GPU.B300.8 pair over RoCE measures 180.98
+    b300, b200 = md.all_to_all_detail(16, 8 * GiB, fab("b300-hgx")), md.all_to_all_detail(16, 8 * GiB, fab("b200-hgx"))
+    busbw = 8 * GiB * 15 / 16 / (b300["time_us"] * 1e3)
+    assert b300["bound"] == "NIC-bound" and busbw == pytest.approx(2 * 96 * 15 / 16, rel=0.02)
+    assert b200["time_us"] == pytest.approx(2 * b300["time_us"], rel=0.05)
+    assert 180.98 / 1.1 < busbw < 180.98 * 1.1
+
+
 def test_tcpxo_all_reduce_with_ll128_on_matches_the_held_out_torch_sweep(table):
     # the lab-22 torch.distributed sweep (2 x a3-mega, NCCL_PROTO=Simple,LL128): every size within 1.5x
     _, checked = table
@@ -262,6 +272,10 @@ def test_reduce_scatter_across_infiniband_is_nic_bound_at_the_rails():
     busbw = 8 * GiB * 15 / 16 / (d["time_us"] * 1e3)
     assert d["bound"] == "NIC-bound" and 8 * 48 * 0.98 < busbw <= 8 * 48
     assert 307.9 < busbw < 307.9 * 1.3
+    # and on 4 x 8, where Together AI's tuned run (healthy rails) measures 384.1 at 8 GiB
+    d4 = md.reduce_scatter_detail(32, 8 * GiB, fab("b200-hgx"))
+    busbw4 = 8 * GiB * 31 / 32 / (d4["time_us"] * 1e3)
+    assert d4["bound"] == "NIC-bound" and 384.1 / 1.1 < busbw4 <= 8 * 48
 
 
 def test_all_gather_across_efa_pays_efas_steps_small_and_runs_near_the_published_rate_large():
