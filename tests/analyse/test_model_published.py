@@ -32,7 +32,7 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    # 31 of 252 out of 1.5x (87.6 %): the verdict's 90 % fails; every miss is one of these, each in
+    # 37 of 288 out of 1.5x (87.1 %): the verdict's 90 % fails; every miss is one of these, each in
     # docs/model.md#what-the-table-says
     assert len(missed) <= 0.13 * len(held), missed
     # the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
@@ -53,7 +53,10 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     # one GPU a node below its NIC (NDm A100 v4), SuperBench's A100 reduce_scatter at 16 MiB (one process),
     # nccl-tests#309's first size out-of-place (68.5 us; 24.7 in place)
     other = {"a100-ndmv4-2x1-ag-1G", "a100-8gpu-superbench-rs-16M", "h100-2x8-xe9680-ib-ar-8B"}
-    known = moe_misses | mid_across | a2a_across | other
+    # Tree forced across 2-64 nodes of 8-rail B200 (Together AI's May sweep): half the rate NCCL's tuner
+    # (and the model) give it from 4 nodes, 0.87 of ring on 2
+    tree_across = {f"b200-together-may-{n}x8-tree-32G" for n in (2, 4, 8, 16, 32, 64)}
+    known = moe_misses | mid_across | a2a_across | other | tree_across
     assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
     assert set(s["medians"]) == set(mc.GROUPS)
@@ -261,7 +264,7 @@ def test_model_against_prints_every_row_and_the_summary():
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "verdict: the model misses: 88.6 % within 1.5x, under 90 %; all_to_all-multi / InfiniBand: median " \
+    assert "verdict: the model misses: 87.1 % within 1.5x, under 90 %; all_to_all-multi / InfiniBand: median " \
         "0.65; all_to_all-multi / RoCE: median 0.25 (ratio" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
