@@ -15,6 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from commbench.analyse.intervals import _num
 from commbench.analyse.speedups import MIN_PAIRS, repeat_of
 from commbench.analyse.verdicts import CANNOT_JUDGE, untrusted_reason
 from commbench.core.schema import has
@@ -79,14 +80,6 @@ class Contest:
 
 def _text(v) -> str:
     return str(v) if has(v) else ""
-
-
-def _num(v) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return math.nan
-    return f
 
 
 def dispatcher_of(row) -> str:

@@ -108,18 +108,27 @@ def _most_common_why(cs: list) -> str:
     return top + (f" (at {whys.count(top)} of {len(whys)})" if whys.count(top) < len(whys) else "")
 
 
+def _contests(rows, metas: dict):
+    """What both views start from, or None without a shoot-out in the rows: the contests,
+    the skipped dispatchers, the contests grouped by run, backend and table, and whether
+    there are several runs."""
+    rs = _frame_rows(rows)
+    if not S.has_shootout(rs):
+        return None
+    cs = S.contests(rs)
+    by = groups(cs)
+    return cs, S.skipped(metas), by, _many_runs(by)
+
+
 def sections(rows, metas: dict, fig_dir=None) -> list[Section]:
     """The report's sections ([] without a shoot-out in the rows): the verdict lines first
     with the heatmap (drawn into fig_dir when given), then one ranked table per run,
     backend and table, each followed by what was not ranked or skipped there, then how to
     read them (both GB/s). metas: run name -> meta.json."""
-    rs = _frame_rows(rows)
-    if not S.has_shootout(rs):
+    got = _contests(rows, metas)
+    if got is None:
         return []
-    cs = S.contests(rs)
-    skips = S.skipped(metas)
-    by = groups(cs)
-    many = _many_runs(by)
+    cs, skips, by, many = got
     bullets = [f"{_where(k, many, short=True)}: {c.verdict()}" for k, v in by.items() for c in v]
     figs = [f for f in (figure(cs, fig_dir),) if f is not None] if fig_dir is not None else []
     findings = [summary_finding(k, v, many) for k, v in by.items()]
@@ -137,13 +146,10 @@ def terminal_lines(rows, metas: dict) -> list[str]:
     """The compact block of `commbench report`: per run, backend and table, each
     workload's verdict line, then what was not ranked or was skipped; [] without a
     shoot-out."""
-    rs = _frame_rows(rows)
-    if not S.has_shootout(rs):
+    got = _contests(rows, metas)
+    if got is None:
         return []
-    cs = S.contests(rs)
-    skips = S.skipped(metas)
-    by = groups(cs)
-    many = _many_runs(by)
+    cs, skips, by, many = got
     out = ["dispatcher shoot-out: dispatch + combine p50 (median of repeats) relative to the fastest; "
            "`report --out` has the table, both GB/s and the heatmap"]
     for k, v in by.items():
