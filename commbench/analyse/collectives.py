@@ -89,6 +89,35 @@ def _nics(G: int, fabric: Fabric) -> int:
     return min(G, fabric.terms.rails or G)
 
 
+def nccl_channels_across(fabric: Fabric) -> int | None:
+    """The channels NCCL's graph search gives a full domain across nodes, where the model knows
+    them (Terms.nic_channels; latency.nccl_net_channels), else None."""
+    if not fabric.terms.nic_channels or fabric.scaleout is None or fabric.domain_gpus is None:
+        return None
+    return L.nccl_net_channels(_nics(fabric.domain_gpus, fabric), fabric.scaleout.bandwidth_gbps,
+                               fabric.terms.gpu_arch)
+
+
+def _plateau(S: float, p: int, G: int, N: int, fabric: Fabric) -> bool:
+    """NCCL's ring plateau: Ring Simple all_reduce across nodes pays 1.4x its latency once each
+    channel carries 64 bytes a rank (tuning.cc:647-650), where the channels are known."""
+    if N <= 1 or not fabric.terms.nic_channels:
+        return False
+    ch = L.nccl_net_channels(_nics(G, fabric), _scaleout(fabric, "ring").bandwidth_gbps, fabric.terms.gpu_arch)
+    return S / (ch * p) >= 64
+
+
+def _channel_cap(algo: str, proto, G: int, N: int, fabric: Fabric) -> float | None:
+    """NCCL's tuner ceiling on a Ring LL128 or Tree rate across domains (bus bandwidth, GB/s):
+    its per-channel maxima times the channels its graph search gives one NIC a GPU
+    (latency.per_channel_cap_gbps, nccl_net_channels); None inside a domain, for other
+    algorithms and protocols, or where the fabric's channels are not NCCL's one a NIC."""
+    if N <= 1 or proto is None or not fabric.terms.nic_channels:
+        return None
+    ch = L.nccl_net_channels(_nics(G, fabric), _scaleout(fabric, algo).bandwidth_gbps, fabric.terms.gpu_arch)
+    return L.per_channel_cap_gbps(algo, proto, N, fabric.terms.gpu_arch, ch)
+
+
 def _protocols(algo: str, fabric: Fabric, proto: str | None, N: int = 1) -> tuple[str, ...]:
     """The protocols to cost: NCCL's for a NCCL fabric (or the one asked for), none otherwise;
     across domains only those the fabric's network runs (Terms.net_protocols)."""
@@ -120,11 +149,16 @@ def _ring(coll: str, p: int, S: float, fabric: Fabric, proto) -> dict:
     out = []
     for pr in _protocols("ring", fabric, proto, N):
         rate = _rate("ring", pr, R, N, fabric)
+        cap = _channel_cap("ring", pr, G, N, fabric)  # tuning.cc:328-329 (LL128 only)
+        rate = rate if cap is None else min(rate, cap)
         bw = frac * S / (rate * 1e3) + (net_ramp_us(frac * S, _nics(G, fabric), rate, fabric) if N > 1 else 0.0)
         if pr is None:
             lat = steps * (p - N) * up.alpha_us + (steps * (N - 1) * fabric.scaleout.alpha_us if N > 1 else 0.0)
         else:
-            lat = L.nccl_latency_us("ring", pr, coll, p, G, N, *_net_lat(fabric)) + _fixed(N, fabric)
+            lat = L.nccl_latency_us("ring", pr, coll, p, G, N, *_net_lat(fabric))
+            if coll == "all_reduce" and pr == "Simple" and _plateau(S, p, G, N, fabric):
+                lat *= L.RING_PLATEAU  # tuning.cc:647-650
+            lat += _fixed(N, fabric)
         nvl, nic = (bw, 0.0) if R == up.bandwidth_gbps else (0.0, bw)
         out.append(_detail(lat, nvl, nic, 0.0, "Ring", pr))
     return _fastest(out)
@@ -148,6 +182,9 @@ def _tree(p: int, S: float, fabric: Fabric, proto) -> dict:
             rate = _rate("tree", pr, TREE_BW_FACTOR * R_net, N, fabric) * c
             k = tree_net_bytes_factor(N)
             nic = k * S / (rate * 1e3) + net_ramp_us(k * S, _nics(G, fabric), rate, fabric)
+            cap = _channel_cap("tree", pr, G, N, fabric)
+            if cap is not None:  # NCCL's tree moves S at half its bus rate (tuning.cc:331-335, :380)
+                nic = max(nic, 2 * S / (cap * c * 1e3))
         if pr is None:
             lat = 2 * (G - 1) * up.alpha_us + (2 * _lg(N) * fabric.scaleout.alpha_us if N > 1 else 0.0)
         else:

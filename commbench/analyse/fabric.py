@@ -41,7 +41,10 @@ class Terms:
     first bytes a GPU's NIC sends at half its rate (0: none). net_fixed_us: what a collective
     that crosses domains pays once beyond NCCL's tables (its steps' sum), fitted where a
     profile's per-step latency is NCCL's own (InfiniBand); 0 where the fitted per-step latency
-    already holds it (EFA, TCPXO).
+    already holds it (EFA, TCPXO). nic_channels: the nodes are boards with one NIC a GPU on NCCL's
+    own InfiniBand / RoCE transport, so NCCL's graph search gives one channel a NIC and its
+    tuner's per-channel ceilings apply across nodes (latency.nccl_net_channels); False where a
+    network plugin presents the NICs (EFA, TCPXO) or a rack's trays hold them (NVL72).
     """
     inswitch_algbw_gbps: float | None = None
     inswitch_ramp_nbytes_per_gpu: float = 0.0
@@ -57,6 +60,7 @@ class Terms:
     net_ramp_nbytes_per_gpu: float = 0.0
     net_simple_latency_us: float | None = None  # Simple's extra a network step (None: net_latency_us again)
     net_fixed_us: float = 0.0  # once a collective that crosses domains, beyond NCCL's tables (latency.py)
+    nic_channels: bool = False  # NCCL's per-channel ceilings apply across nodes (one channel a NIC)
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ def fabric_from_profile(prof, rate: str = "achieved") -> Fabric:
                   net_latency_us=prof.net_latency_us or 0.0,
                   net_protocols=tuple(prof.net_protocols.split(",")) if prof.net_protocols else None,
                   net_ramp_nbytes_per_gpu=prof.net_ramp_nbytes_per_gpu or 0.0,
-                  net_simple_latency_us=prof.net_simple_latency_us, net_fixed_us=prof.net_fixed_us or 0.0)
+                  net_simple_latency_us=prof.net_simple_latency_us, net_fixed_us=prof.net_fixed_us or 0.0,
+                  nic_channels=bool(prof.gpu_arch and out and not prof.net_protocols and not prof.net_latency_us
+                                    and prof.scaleup_node_gpus == prof.scaleup_domain_gpus))
     return dataclasses.replace(fab, terms=terms)
 
 

@@ -50,6 +50,60 @@ TREE_CORRECTION = {
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 }
 
+# perChMax*Bws, GB/s of bus bandwidth one channel reaches, by GPU generation and (1 node, 2 nodes, 3
+# and more): tuning.cc:184-189 (Ring LL128), :191-196 (Tree LL128), :198-203 (Tree, every protocol).
+# NCCL's tuner takes min(its rate, nChannels x these) (:328-335); Blackwell's Tree values were cut
+# in NCCL 2.28.3 (v2.27.7: 2 x 41.4 and 2 x 36.0 across nodes).
+PER_CHANNEL_MAX_GBPS = {
+    ("ring", "LL128"): {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7), "blackwell": (40.0, 40.0, 40.0)},
+    ("tree", "LL128"): {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0)},
+    ("tree", "all"): {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)},
+}
+# Ring Simple all_reduce across nodes: latency x 1.4 once each channel carries 64 bytes a rank
+# (x 1.9 below compute capability 8.0, which no profile has): tuning.cc:647-650, the ring's plateau
+RING_PLATEAU = 1.4
+# The bandwidths a channel may take across nodes in NCCL's graph search, GB/s, fastest first
+# (NVIDIA/nccl src/graph/search.cc at master 5067397c, :1052-1053, :1058-1059, :1064-1065).
+INTER_SPEEDS_GBPS = {
+    "ampere": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0),
+    "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0),
+}
+
+
+def nccl_net_channels(nics: int, nic_gbps: float, arch: str) -> int:
+    """The channels of NCCL's ring (and tree) graph across nodes where each GPU has its own NIC:
+    the search takes the fastest speed a GPU's path to its NIC carries (search.cc:1170-1173; 48
+    GB/s for a 400G NIC behind PCIe Gen5, 24 for HDR behind Gen4, 96 for an 800G ConnectX-8),
+    one channel a NIC at it, then ncclTopoDupChannels (search.cc:1036-1049) doubles them unless
+    a channel runs under 25 GB/s, or under 50 on Hopper and later with more than 4 channels
+    (at most 32, MAXCHANNELS / 2: init.cc:1177)."""
+    speeds = INTER_SPEEDS_GBPS.get(arch, INTER_SPEEDS_GBPS["hopper"])
+    speed = next((x for x in speeds if x <= nic_gbps + 1e-9), speeds[-1])
+    ch = nics * max(1, int(nic_gbps / speed + 1e-9))
+    if speed < 25.0 or (arch != "ampere" and speed < 50.0 and ch > 4):
+        return ch
+    return min(2 * ch, 32)
+
+
+def per_channel_cap_gbps(algo: str, proto: str, N: int, arch: str, channels: int) -> float | None:
+    """NCCL's tuner ceiling on a Ring LL128 or Tree rate across N nodes, bus bandwidth GB/s
+    (tuning.cc:328-335); None where it sets none (Ring LL and Simple, NVLS, NVLSTree)."""
+    i = 0 if N <= 1 else 1 if N == 2 else 2
+    def cap(key):
+        return channels * PER_CHANNEL_MAX_GBPS[key].get(arch, PER_CHANNEL_MAX_GBPS[key]["hopper"])[i]
+    if algo == "ring":
+        return cap(("ring", "LL128")) if proto == "LL128" else None
+    if algo != "tree":
+        return None
+    tree = cap(("tree", "all"))  # :331, before the protocol's fraction
+    if proto == "LL":
+        return protocol_rate_gbps("tree", "LL", tree, N, arch)
+    if proto == "LL128":
+        return min(protocol_rate_gbps("tree", "LL128", tree, N, arch), cap(("tree", "LL128")))
+    return tree
+
+
 ASSUMPTIONS = [
     "latency as NCCL's tuner counts it (NVIDIA/nccl src/graph/tuning.cc): a base latency per algorithm and "
     "protocol plus a hardware latency per step over NVLink and over the network (ring: 2(p-1) steps for "
@@ -60,6 +114,12 @@ ASSUMPTIONS = [
     "protocols as NCCL's tuner rates them: LL at 1/2 of the link (ring) or 1/3.8 (tree), capped at NCCL's "
     "llMaxBw; LL128 at 0.92 (ring) or 7/9 in one domain, 120/128 across (tree); Simple at the full rate; "
     "NVLS and NVLSTree run Simple only; the fastest protocol is the one NCCL runs",
+    "per-channel ceilings as NCCL's tuner takes them across nodes (tuning.cc:184-203, :328-335): Ring LL128 "
+    "at most channels x perChMaxRingLL128Bw, Tree at most channels x perChMaxTreeBw (and x perChMaxTreeLL128Bw "
+    "for LL128), a tree moving S at half that bus rate; channels as NCCL's graph search gives one NIC a GPU on "
+    "its InfiniBand / RoCE transport (search.cc: one a NIC at the NIC path's speed, doubled unless slow; 8 on "
+    "400G and HDR HGX, 16 on 800G): on 4+ B200 nodes Tree reaches 8 x 24 = 192 GB/s busbw; none on EFA, "
+    "TCPXO or NVL72 racks (no channel count), nor on NVLS / NVLSTree",
     "mid sizes as NCCL's tuner costs them (tuning.cc:623-646): Tree all_reduce below 512 MiB, and NVLSTree "
     "below 1 GiB on Blackwell with x86 hosts, at treeCorrectionFactor[protocol][log2(S/64)] of their rate "
     "(0.4-1.0; 0.5 for Simple at 128 KiB-2 MiB)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
+from commbench.analyse.collectives import nccl_channels_across
 from commbench.analyse.model_check import BOUND_RATIO, CLOSE_RATIO, HELD_SHARE, MEDIAN_BAND, within
 from commbench.core.units import fmt_size
 
@@ -110,7 +111,14 @@ def fabric_title(name: str, rate: str, fab) -> str:
     return (f"{name} ({rate} rates): scale-up {up.bandwidth_gbps:.4g} GB/s/dir alpha {up.alpha_us:.3g} us, "
             f"G={fab.domain_gpus or 'one host'}" + (f"; scale-out {out.bandwidth_gbps:.4g} GB/s/dir alpha "
                                                     f"{out.alpha_us:.3g} us" if out else "; no scale-out tier")
-            + _nccl_terms(fab.terms))
+            + _nccl_terms(fab.terms) + _channels(fab))
+
+
+def _channels(fab) -> str:
+    """Where the model knows NCCL's channels across nodes, how many: its per-channel ceilings
+    and ring plateau rest on them (docs/model.md#latency-and-protocols)."""
+    ch = nccl_channels_across(fab)
+    return f", {ch} NCCL channels across nodes (its graph search; per-channel ceilings)" if ch else ""
 
 
 def _nccl_terms(t) -> str:

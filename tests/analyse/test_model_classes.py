@@ -297,6 +297,20 @@ def test_all_to_all_across_tcpxo_is_nic_bound_below_efas():
     assert 40.16 < busbw <= 2 * 25 * 15 / 16
 
 
+def test_forced_tree_across_b200_nodes_runs_at_nccls_per_channel_ceiling(table):
+    # NCCL 2.28's Blackwell Tree ceilings (tuning.cc:198-203) on 8 channels, one a NIC: 8 x 42.8 on two
+    # nodes, 8 x 24 from three; Together AI's two B200 clusters measure 335-339 and 190-196 (held out)
+    f = fab("b200-hgx")
+    two, four = md.all_reduce_detail("tree", 16, 32 * GiB, f), md.all_reduce_detail("tree", 32, 32 * GiB, f)
+    bus2 = 32 * GiB * 2 * 15 / 16 / (two["time_us"] * 1e3)
+    bus4 = 32 * GiB * 2 * 31 / 32 / (four["time_us"] * 1e3)
+    assert bus4 < bus2 < 8 * 48  # both under the 8 NICs' ring rate
+    assert 338.5 / 1.1 < bus2 < 338.5 * 1.1 and 192.2 / 1.1 < bus4 < 192.2 * 1.1
+    _, checked = table
+    tree = [c for c in checked if c["algorithm"] == "tree" and c["world"] > 8]
+    assert len(tree) == 12 and all(0.95 <= c["ratio"] <= 1.1 for c in tree), [(c["id"], c["ratio"]) for c in tree]
+
+
 def test_nvlstree_4_bytes_on_2x8_hopper_is_what_ncclS_tuner_charges():
     # tuning.cc (master 5067397c): baseLat 0 (:153) + hwLat NVLink 25 (:161) + 2 log2(2) x hwLat net 20.9
     # (:173) = 66.8 us (:427-428); the published 47.5 us (NVIDIA/nccl#1244, H20) is 1.41x under it: the

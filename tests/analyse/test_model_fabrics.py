@@ -64,6 +64,49 @@ def test_protocol_rates_follow_tuning_cc():
     assert L.protocol_rate_gbps("nvls", "Simple", 274, 1, "hopper") == 274
 
 
+def test_nccl_channels_across_nodes_follow_its_graph_search():
+    # search.cc: the fastest speed the GPU's path to its NIC carries, one channel a NIC, then
+    # ncclTopoDupChannels doubles them unless a channel is slow (< 25, or < 50 with > 4 channels from Hopper)
+    assert L.nccl_net_channels(8, 48.0, "blackwell") == 8  # 400G NDR behind PCIe Gen5
+    assert L.nccl_net_channels(8, 48.0, "hopper") == 8
+    assert L.nccl_net_channels(8, 24.0, "ampere") == 8  # HDR behind Gen4
+    assert L.nccl_net_channels(8, 40.0, "hopper") == 8  # 400G RoCE at 40
+    assert L.nccl_net_channels(8, 96.0, "blackwell") == 16  # ConnectX-8 800G: 96 a channel, doubled to 48
+    assert L.nccl_net_channels(4, 48.0, "blackwell") == 8  # 4 channels are few enough to double
+
+
+def test_per_channel_ceilings_follow_tuning_cc():
+    # perChMaxTreeBws / perChMaxTreeLL128Bws / perChMaxRingLL128Bws (tuning.cc:184-203), times the channels
+    assert L.per_channel_cap_gbps("tree", "Simple", 4, "blackwell", 8) == pytest.approx(8 * 24.0)
+    assert L.per_channel_cap_gbps("tree", "Simple", 2, "blackwell", 8) == pytest.approx(8 * 42.8)
+    assert L.per_channel_cap_gbps("tree", "Simple", 4, "hopper", 8) == pytest.approx(8 * 36.0)
+    assert L.per_channel_cap_gbps("tree", "LL128", 4, "blackwell", 8) == pytest.approx(min(8 * 24 * 120 / 128, 8 * 20.0))
+    assert L.per_channel_cap_gbps("tree", "LL", 4, "blackwell", 8) == pytest.approx(L.LL_MAX_BUSBW_MORE_NODES)
+    assert L.per_channel_cap_gbps("ring", "LL128", 2, "hopper", 8) == pytest.approx(8 * 36.7)
+    assert L.per_channel_cap_gbps("ring", "Simple", 2, "hopper", 8) is None
+    assert L.per_channel_cap_gbps("nvls_tree", "Simple", 2, "hopper", 8) is None
+
+
+def test_the_ceilings_bind_across_nodes_on_nccls_own_transport_only():
+    # one NIC a GPU on InfiniBand / RoCE: NCCL's channels; a plugin's NICs (EFA, TCPXO) or an NVL72 rack's
+    # trays: no channel count, no ceiling
+    on = {n: fab(n).terms.nic_channels for n in list_profiles() if n != "loopback"}
+    assert {n for n, v in on.items() if v} == {"a100-hgx", "h100-hgx", "h200-hgx", "h800-hgx", "b200-hgx",
+                                                "b300-hgx", "h100-roce"}
+    # forced Tree, 4 x 8 B200 at 32 GiB: 8 channels x 24 GB/s, S moved at half that bus rate
+    d = md.all_reduce_detail("tree", 32, 32 * GiB, fab("b200-hgx"))
+    busbw = 32 * GiB * 2 * 31 / 32 / (d["time_us"] * 1e3)
+    assert d["bound"] == "NIC-bound" and busbw == pytest.approx(8 * 24.0 * 31 / 32, rel=0.02)
+    # NCCL's ring plateau (tuning.cc:647-650): Ring Simple all_reduce latency x 1.4 across those nodes
+    f = fab("b200-hgx")
+    ring = md.all_reduce_detail("ring", 32, GiB, f, proto="Simple")
+    plain = md.all_reduce_detail("ring", 32, GiB, dataclasses.replace(f, terms=dataclasses.replace(f.terms, nic_channels=False)), proto="Simple")
+    assert ring["latency_us"] - f.terms.net_fixed_us == pytest.approx(1.4 * (plain["latency_us"] - f.terms.net_fixed_us))
+    # inside one node nothing changes: the chain at 0.92 of NVLink
+    one = md.all_reduce_detail("tree", 8, 32 * GiB, fab("b200-hgx"))
+    assert 8 * GiB * 4 * 2 * 7 / 8 / (one["time_us"] * 1e3) > 500
+
+
 def test_trees_mid_sizes_take_nccls_correction_factor(monkeypatch):
     # treeCorrectionFactor[proto][log2i(S >> 6)] (tuning.cc:623-627): Tree below 512 MiB (:640-642)
     assert L.tree_correction("tree", "LL128", MiB, "hopper") == 0.6  # logSize 14
@@ -276,3 +319,5 @@ def test_model_cli_all_gather_across_fabrics_and_nic_override():
     assert r.returncode == 0, r.stderr
     assert "Ring LL" in r.stdout and "NVLink-bound" in r.stdout
     assert "scale-out 48 GB/s/dir" in r.stdout  # 400 Gb/s at the profile's 48/50, not 50
+    # the fabric line says how many NCCL channels the per-channel ceilings rest on, where it knows them
+    assert "8 NCCL channels across nodes" in r.stdout and r.stdout.count("NCCL channels across nodes") == 1

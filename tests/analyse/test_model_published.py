@@ -32,19 +32,17 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    # 37 of 288 out of 1.5x (87.1 %): the verdict's 90 % fails; every miss is one of these, each in
+    # 27 of 301 out of 1.5x (91 %): the verdict's 90 % holds; every miss is one of these, each in
     # docs/model.md#what-the-table-says
-    assert len(missed) <= 0.13 * len(held), missed
+    assert len(missed) <= 0.1 * len(held), missed
     # the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
     # ranks of a GB200 rack (half its 16-rank rate), UCCL-EP's combine on p5en at EP16/24 (3-5x its dispatch)
     moe_misses = {"deepep-v1-gb200-24r-combine", "uccl-ep-p5en-ep16-combine", "uccl-ep-p5en-ep24-combine"}
     # mid sizes (1-128 MiB) across two nodes: measured times run over NCCL's tuner rates (dstack's and
     # Vultr's 2 x 8 sweeps, GCP's A4X Max over RoCE with its own dip at 16 MiB); no fit source sets a term
-    mid_across = {"b200-2x8-lambda-ib-ar-1M", "b200-2x8-lambda-ib-ar-16M", "b200-2x8-gcp-a4-roce-ar-16M",
-                  "gb300-2x4-a4xmax-roce-ag-1M", "gb300-2x4-a4xmax-roce-ag-16M",
-                  "b200-vultr-2x8-ar-1M", "b200-vultr-2x8-ar-16M", "b200-vultr-2x8-ag-16M",
-                  "b200-vultr-2x8-ag-128M", "b200-vultr-2x8-rs-1M", "b200-vultr-2x8-rs-16M",
-                  "b200-vultr-2x8-rs-128M"}
+    mid_across = {"b200-2x8-lambda-ib-ar-1M", "gb300-2x4-a4xmax-roce-ag-1M", "gb300-2x4-a4xmax-roce-ag-16M",
+                  "b200-vultr-2x8-ag-16M", "b200-vultr-2x8-ag-128M", "b200-vultr-2x8-rs-1M",
+                  "b200-vultr-2x8-rs-16M", "b200-vultr-2x8-rs-128M"}
     # all_to_all across nodes below the NICs: OCI's two GB300 racks (a quarter), Vultr's 2 x 8 B200 (half),
     # a 32 MiB all_to_all on 32 EFA nodes, Azure NDm A100 v4's 1 KiB and one-GPU-a-node rows
     a2a_across = ({f"gb300-oci-2rack-a2a-{x}" for x in ("1M", "16M", "128M", "1G", "8G")}
@@ -53,10 +51,7 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     # one GPU a node below its NIC (NDm A100 v4), SuperBench's A100 reduce_scatter at 16 MiB (one process),
     # nccl-tests#309's first size out-of-place (68.5 us; 24.7 in place)
     other = {"a100-ndmv4-2x1-ag-1G", "a100-8gpu-superbench-rs-16M", "h100-2x8-xe9680-ib-ar-8B"}
-    # Tree forced across 2-64 nodes of 8-rail B200 (Together AI's May sweep): half the rate NCCL's tuner
-    # (and the model) give it from 4 nodes, 0.87 of ring on 2
-    tree_across = {f"b200-together-may-{n}x8-tree-32G" for n in (2, 4, 8, 16, 32, 64)}
-    known = moe_misses | mid_across | a2a_across | other | tree_across
+    known = moe_misses | mid_across | a2a_across | other
     assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
     assert set(s["medians"]) == set(mc.GROUPS)
@@ -259,13 +254,14 @@ def test_profile_model_terms_are_read_and_checked():
 @pytest.mark.multirank
 def test_model_against_prints_every_row_and_the_summary():
     r = run_cli("model", "--against")
-    assert r.returncode == 1, r.stderr  # three classes and the 90 % fail, each explained (docs/model.md)
+    assert r.returncode == 1, r.stderr  # two classes fail, each explained (docs/model.md)
     out = r.stdout
     n = len(mc.load_table(mc.default_table()))
     assert "all rows (fit included) within 1.5x:" in out and f"of {n}" in out
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
-    assert "verdict: the model misses: 87.1 % within 1.5x, under 90 %; all_to_all-multi / InfiniBand: median " \
-        "0.65; all_to_all-multi / RoCE: median 0.25 (ratio" in out
+    assert "verdict: the model misses: all_to_all-multi / InfiniBand: median 0.65; all_to_all-multi / RoCE: " \
+        "median 0.25 (ratio" in out
+    assert "held-out within 1.5x (time ratio 0.67-1.5): 274 of 301 (91 %" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
 
