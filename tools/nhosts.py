@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from twohosts import IFNAME, ROOT, Host, TwoHosts, Unavailable, _can, _run  # noqa: E402
+from twohosts import IFNAME, ROOT, Host, TwoHosts, Unavailable, _can, _run, hold_until_ctrl_c  # noqa: E402
 
 MAX_HOSTS = 8
 LETTERS = "abcdefgh"
@@ -283,12 +283,7 @@ def hold(args) -> int:
         for h in nh.hosts:
             print(f"{h.hostname} {h.addr}: {shlex.join(h.cmd(['bash']))}")
         print("mpirun across all: " + shlex.join(nh.mpirun_argv(len(nh.hosts), ["run", "quick", "--backend", "mpi"])))
-        print("Ctrl-C tears them down.", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        hold_until_ctrl_c()
     return 0
 
 

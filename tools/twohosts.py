@@ -126,6 +126,16 @@ def _run(argv, check=True, **kw):
     return p
 
 
+def hold_until_ctrl_c() -> None:
+    """Keep the hosts up until the user presses Ctrl-C (the shell commands printed above)."""
+    print("Ctrl-C tears them down.", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
 def _can(argv) -> None:
     """_run, where a refusal means the machine cannot make two hosts."""
     try:
@@ -689,12 +699,7 @@ def hold(args) -> int:
         print(f"{a.hostname} {a.addr}: {shlex.join(a.cmd(['bash']))}")
         print(f"{b.hostname} {b.addr}: {shlex.join(b.cmd(['bash']))}")
         print("mpirun across both: " + shlex.join(th.mpirun_argv(2, ["run", "quick", "--backend", "mpi"])))
-        print("Ctrl-C tears them down.", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        hold_until_ctrl_c()
     return 0
 
 
