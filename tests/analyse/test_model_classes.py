@@ -278,6 +278,22 @@ def test_reduce_scatter_across_infiniband_is_nic_bound_at_the_rails():
     assert d4["bound"] == "NIC-bound" and 384.1 / 1.1 < busbw4 <= 8 * 48
 
 
+def test_reduce_scatter_across_roce_is_nic_bound_at_the_rails():
+    # 2 GB200 hosts in distinct NVLink cliques, 4 x 400G RoCE a host (GCP A4X): every byte between the
+    # hosts crosses 4 NICs, so the ring runs at 4 x 48; the page measures 188.89 busbw at 16 GiB, and
+    # 378.8 on two cliques of 8 (8 NICs a domain)
+    f = fab("gb200-nvl72")
+    for g, published in ((4, 188.89), (8, 378.8)):
+        d = md.reduce_scatter_detail(2 * g, 16 * GiB, dataclasses.replace(f, domain_gpus=g))
+        busbw = 16 * GiB * (2 * g - 1) / (2 * g) / (d["time_us"] * 1e3)
+        assert d["bound"] == "NIC-bound" and busbw <= g * 48 and published / 1.1 < busbw < published * 1.1
+    # two cliques of 32: the profile's 9 rails (fitted on CoreWeave's 20 racks) bind it at 9 x 48, where
+    # the same page measures 701.8, NVLink's rate (a known miss, docs/model.md#what-the-table-says)
+    d32 = md.reduce_scatter_detail(64, 16 * GiB, dataclasses.replace(f, domain_gpus=32))
+    busbw32 = 16 * GiB * 63 / 64 / (d32["time_us"] * 1e3)
+    assert d32["bound"] == "NIC-bound" and busbw32 == pytest.approx(9 * 48, rel=0.02) and busbw32 < 701.8
+
+
 def test_all_gather_across_efa_pays_efas_steps_small_and_runs_near_the_published_rate_large():
     # 2 x 8 p5 (400 Gb/s EFA a GPU): a small all_gather pays EFA's per-step latency, which InfiniBand's
     # NICs do not; at 16 GiB the NVIDIA Cluster Readiness Engine report measures 338.6 busbw

@@ -32,7 +32,7 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     held = [c for c in checked if c["use"] == "held-out"]
     assert len(held) >= 55
     missed = [(c["id"], round(c["ratio"], 2)) for c in held if not 1 / 1.5 <= c["ratio"] <= 1.5]
-    # 27 of 301 out of 1.5x (91 %): the verdict's 90 % holds; every miss is one of these, each in
+    # 29 of 310 out of 1.5x (90.6 %): the verdict's 90 % holds; every miss is one of these, each in
     # docs/model.md#what-the-table-says
     assert len(missed) <= 0.1 * len(held), missed
     # the MoE rows no kernel stack's term covers (docs/model.md#kernel-stacks): DeepEP's combine at 24
@@ -51,7 +51,10 @@ def test_the_held_out_figures_of_the_shipped_table_miss_only_where_the_docs_say(
     # one GPU a node below its NIC (NDm A100 v4), SuperBench's A100 reduce_scatter at 16 MiB (one process),
     # nccl-tests#309's first size out-of-place (68.5 us; 24.7 in place)
     other = {"a100-ndmv4-2x1-ag-1G", "a100-8gpu-superbench-rs-16M", "h100-2x8-xe9680-ib-ar-8B"}
-    known = moe_misses | mid_across | a2a_across | other
+    # two GB200 cliques of 32 over RoCE (GCP A4X): all_gather and reduce_scatter at NVLink's rate, where
+    # the profile's 9 rails (fitted on CoreWeave's 20 racks) make them NIC-bound
+    rails = {"gb200-a4x-2x32-ag-16G", "gb200-a4x-2x32-rs-16G"}
+    known = moe_misses | mid_across | a2a_across | other | rails
     assert {m[0] for m in missed} <= known, missed
     s = mc.summary(checked)
     assert set(s["medians"]) == set(mc.GROUPS)
@@ -261,7 +264,7 @@ def test_model_against_prints_every_row_and_the_summary():
     assert "class all_reduce-multi / EFA" in out and "held-out within 1.25x" in out
     assert "verdict: the model misses: all_to_all-multi / InfiniBand: median 0.65; all_to_all-multi / RoCE: " \
         "median 0.25 (ratio" in out
-    assert "held-out within 1.5x (time ratio 0.67-1.5): 274 of 301 (91 %" in out
+    assert "held-out within 1.5x (time ratio 0.67-1.5): 281 of 310 (90.6 %" in out
     assert "class MoE stack deepep-ll" in out and "NVLSTree" in out and "NIC-bound" in out
     assert "deepep-ll-ep8-combine" in out
 
