@@ -226,6 +226,33 @@ def test_reduce_scatter_inside_a_domain_runs_the_ring_at_all_gathers_rate():
     assert 362.16 / 1.25 < busbw < 362.16 * 1.25
 
 
+def test_all_gather_inside_a_domain_runs_the_ring_at_nvlinks_rate_and_faster_than_across():
+    # 8 B200 on NVLink 5: NCCL's ring at the profile's 695 busbw; Vultr's 1 x 8 measures 663.8 at 8 GiB.
+    # Across two such nodes the same bytes ride 8 NICs of 48 and take longer
+    f = fab("b200-hgx")
+    d = md.all_gather_detail(8, 8 * GiB, f)
+    busbw = 8 * GiB * 7 / 8 / (d["time_us"] * 1e3)
+    assert (d["nccl"], d["bound"]) == ("Ring", "NVLink-bound") and busbw <= 695
+    assert 663.8 / 1.1 < busbw < 663.8 * 1.1
+    assert md.all_gather_detail(16, 8 * GiB, f)["time_us"] > 1.5 * d["time_us"]
+
+
+def test_all_to_all_inside_a_domain_is_nvlink_bound_at_the_published_rate():
+    # 8 A100 (NVLink 3, 230 GB/s a GPU): all_to_all moves (p-1)/p of S over NVLink at once, so busbw is
+    # 230 x 7/8; the table's 1 GiB row measures 216.7. On 8 B200 the same rule gives 695 x 7/8, where
+    # Vultr's B200 and Oracle's B300 measure 668.3 and 675.5 at 8 GiB
+    a100 = md.all_to_all_detail(8, GiB, fab("a100-hgx"))
+    busbw = GiB * 7 / 8 / (a100["time_us"] * 1e3)
+    assert a100["bound"] == "NVLink-bound" and busbw == pytest.approx(230 * 7 / 8, rel=0.01)
+    assert 216.7 / 1.25 < busbw < 216.7 * 1.25
+    b200 = md.all_to_all_detail(8, 8 * GiB, fab("b200-hgx"))
+    busbw = 8 * GiB * 7 / 8 / (b200["time_us"] * 1e3)
+    assert all(x / 1.15 < busbw < x * 1.15 for x in (668.3, 675.5))
+    # a small all_to_all inside one node pays one NCCL step whatever the peers (its sends are posted at
+    # once), not one a peer: 7 peers cost well under twice what 1 does
+    assert md.all_to_all_detail(8, KiB, fab("b200-hgx"))["time_us"] < 2 * md.all_to_all_detail(2, KiB, fab("b200-hgx"))["time_us"]
+
+
 def test_all_to_all_across_two_gb300_racks_over_roce_is_nic_bound_and_slower_than_one_rack():
     # OCI's 128 ranks in 2 racks of 64: half of each rank's bytes cross the NICs. The published 47.3
     # busbw is a quarter of what the profile's NICs carry (docs/model.md#what-the-table-says): the check
