@@ -321,6 +321,24 @@ def test_reduce_scatter_across_roce_is_nic_bound_at_the_rails():
     assert d32["bound"] == "NIC-bound" and busbw32 == pytest.approx(9 * 48, rel=0.02) and busbw32 < 701.8
 
 
+def test_reduce_scatter_across_efa_and_tcpxo_runs_all_gathers_ring_at_their_fabrics_rates():
+    # No public reduce_scatter figure across EFA or TCPXO exists (docs/model.md#what-the-table-says), so
+    # these two classes have no row. NCCL runs reduce_scatter across nodes as the ring all_gather runs
+    # (p-1 steps, S/p a step), so the check leans on each fabric's published all_gather at 16 GiB on
+    # 2 x 8 (Cluster Readiness Engine: p5 338.57, a3-mega 189.3): within 1.25x of it, TCPXO below EFA,
+    # and small messages paying each fabric's own steps (TCPXO > EFA > InfiniBand at 1 KiB).
+    small = {n: md.reduce_scatter_detail(16, KiB, fab(n))["time_us"]
+             for n in ("h100-a3mega-tcpxo", "h100-p5-efa", "h100-hgx")}
+    assert small["h100-a3mega-tcpxo"] > small["h100-p5-efa"] > small["h100-hgx"]
+    busbw = {}
+    for n, all_gather_published in (("h100-p5-efa", 338.57), ("h100-a3mega-tcpxo", 189.3)):
+        d = md.reduce_scatter_detail(16, 16 * GiB, fab(n))
+        busbw[n] = 16 * GiB * 15 / 16 / (d["time_us"] * 1e3)
+        assert all_gather_published / 1.25 < busbw[n] < all_gather_published * 1.25, (n, busbw[n])
+    assert busbw["h100-a3mega-tcpxo"] < busbw["h100-p5-efa"]
+    assert md.reduce_scatter_detail(16, 16 * GiB, fab("h100-a3mega-tcpxo"))["bound"] == "NIC-bound"
+
+
 def test_all_gather_across_efa_pays_efas_steps_small_and_runs_near_the_published_rate_large():
     # 2 x 8 p5 (400 Gb/s EFA a GPU): a small all_gather pays EFA's per-step latency, which InfiniBand's
     # NICs do not; at 16 GiB the NVIDIA Cluster Readiness Engine report measures 338.6 busbw
